@@ -1,0 +1,425 @@
+//! Transaction operations → nf_tables messages in one `nftnl::Batch`.
+//!
+//! No message asks for an ACK (the kernel reports errors anyway; thousands of ACKs would
+//! overflow the receive buffer), except BATCH_BEGIN/END, which the `nftnl` crate flags on
+//! kernels that honour it (≥ 6.10): END's ACK is the commit signal.
+
+use std::cell::Cell;
+use std::collections::HashMap;
+use std::ffi::c_void;
+
+use nftnl::{Batch, FinalizedBatch, MsgType, NlMsg};
+use nftnl_sys as sys;
+
+use super::NetlinkError;
+use super::sys::{self as raw, msg};
+use crate::nft::ast::Owner;
+use crate::nft::diff::{OpKind, Transaction};
+use crate::nft::lower::nfproto;
+use crate::nft::wire::*;
+
+const NLM_F_CREATE: u16 = 0x400;
+const NLM_F_APPEND: u16 = 0x800;
+
+/// Keep element messages well below the per-message buffer (`nft_nlmsg_maxsize`, ~68 KiB).
+const ELEMENT_MESSAGE_BUDGET: usize = 32 * 1024;
+
+/// What one message in the batch was for.
+#[derive(Debug, Clone)]
+pub struct MessageInfo {
+    pub seq: u32,
+    pub op_index: usize,
+    /// For element messages: the owner of each element, in message order.
+    pub element_owners: Vec<Owner>,
+}
+
+/// A finalized batch and what each message in it was for.
+pub struct EncodedBatch {
+    pub batch: FinalizedBatch,
+    pub messages: Vec<MessageInfo>,
+    /// Whether BATCH_END asks for an ACK (kernel ≥ 6.10), and its seq.
+    pub end_ack_seq: Option<u32>,
+    pub bytes: usize,
+}
+
+enum Body {
+    Table(raw::Table),
+    Chain(raw::Chain),
+    Rule(raw::Rule),
+    Set(raw::Set),
+    Elems(raw::Set),
+}
+
+struct Message {
+    kind: u16,
+    family: u16,
+    flags: u16,
+    body: Body,
+    seq: Cell<u32>,
+}
+
+// SAFETY: `write` builds exactly one message whose size is bounded: element messages are cut to
+// ELEMENT_MESSAGE_BUDGET, and other objects are far below `nft_nlmsg_maxsize()`.
+#[allow(unsafe_code)]
+unsafe impl NlMsg for Message {
+    unsafe fn write(&self, buf: *mut c_void, seq: u32, _: MsgType) {
+        self.seq.set(seq);
+        // SAFETY: the batch hands us a buffer of `nft_nlmsg_maxsize()` bytes.
+        unsafe {
+            let nlh = raw::build_header(buf, self.kind, self.family, self.flags, seq);
+            match &self.body {
+                Body::Table(t) => raw::table_payload(nlh, t),
+                Body::Chain(c) => raw::chain_payload(nlh, c),
+                Body::Rule(r) => raw::rule_payload(nlh, r),
+                Body::Set(s) => raw::set_payload(nlh, s),
+                Body::Elems(s) => raw::set_elems_payload(nlh, s),
+            }
+        }
+    }
+}
+
+fn u16_attr(attr: u32) -> u16 {
+    u16::try_from(attr).unwrap_or(u16::MAX)
+}
+
+/// Encodes a transaction into one batch.
+pub fn encode(tx: &Transaction) -> Result<EncodedBatch, NetlinkError> {
+    let mut batch = Batch::new();
+    let mut messages: Vec<(Message, usize, Vec<Owner>)> = Vec::new();
+    let mut set_ids: HashMap<(u16, String, String), u32> = HashMap::new();
+    let mut next_set_id = 1u32;
+
+    for (index, op) in tx.ops.iter().enumerate() {
+        let family = u16::try_from(nfproto(op.family)).unwrap_or(2);
+        let table = op.table.as_str();
+        let mut push = |kind, flags, body, owners| {
+            messages.push((Message { kind, family, flags, body, seq: Cell::new(0) }, index, owners));
+        };
+        match &op.kind {
+            OpKind::AddTable { flags, userdata } => {
+                let mut t = table_obj(table, family)?;
+                t.set_u32(u16_attr(sys::NFTNL_TABLE_FLAGS), *flags);
+                if let Some(ud) = userdata {
+                    t.set_data(u16_attr(sys::NFTNL_TABLE_USERDATA), ud);
+                }
+                push(msg::NEWTABLE, NLM_F_CREATE, Body::Table(t), Vec::new());
+            }
+            OpKind::DeleteTable => {
+                push(msg::DELTABLE, 0, Body::Table(table_obj(table, family)?), Vec::new());
+            }
+            OpKind::AddChain { chain, hook, userdata } => {
+                let mut c = chain_obj(table, family, chain)?;
+                if let Some(h) = hook {
+                    c.set_u32(u16_attr(sys::NFTNL_CHAIN_HOOKNUM), h.hooknum);
+                    c.set_s32(u16_attr(sys::NFTNL_CHAIN_PRIO), h.priority);
+                    c.set_str(u16_attr(sys::NFTNL_CHAIN_TYPE), &h.chain_type)?;
+                    c.set_u32(u16_attr(sys::NFTNL_CHAIN_POLICY), h.policy);
+                }
+                if let Some(ud) = userdata {
+                    c.set_data(u16_attr(sys::NFTNL_CHAIN_USERDATA), ud);
+                }
+                push(msg::NEWCHAIN, NLM_F_CREATE, Body::Chain(c), Vec::new());
+            }
+            OpKind::FlushChain { chain } => {
+                let mut r = raw::Rule::new()?;
+                r.set_str(u16_attr(sys::NFTNL_RULE_TABLE), table)?;
+                r.set_str(u16_attr(sys::NFTNL_RULE_CHAIN), chain)?;
+                r.set_u32(u16_attr(sys::NFTNL_RULE_FAMILY), u32::from(family));
+                push(msg::DELRULE, 0, Body::Rule(r), Vec::new());
+            }
+            OpKind::DeleteChain { chain } => {
+                push(msg::DELCHAIN, 0, Body::Chain(chain_obj(table, family, chain)?), Vec::new());
+            }
+            OpKind::AddRule { chain, rule } => {
+                let mut r = raw::Rule::new()?;
+                r.set_str(u16_attr(sys::NFTNL_RULE_TABLE), table)?;
+                r.set_str(u16_attr(sys::NFTNL_RULE_CHAIN), chain)?;
+                r.set_u32(u16_attr(sys::NFTNL_RULE_FAMILY), u32::from(family));
+                for expr in &rule.exprs {
+                    let set_id = |name: &str| set_ids.get(&(family, table.to_string(), name.to_string())).copied();
+                    r.add_expr(encode_expr(expr, set_id)?);
+                }
+                if let Some(ud) = &rule.userdata {
+                    r.set_data(u16_attr(sys::NFTNL_RULE_USERDATA), ud);
+                }
+                push(msg::NEWRULE, NLM_F_CREATE | NLM_F_APPEND, Body::Rule(r), Vec::new());
+            }
+            OpKind::AddSet { set, spec } => {
+                let id = next_set_id;
+                next_set_id += 1;
+                set_ids.insert((family, table.to_string(), set.clone()), id);
+                let mut s = set_obj(table, family, set)?;
+                s.set_u32(u16_attr(sys::NFTNL_SET_FLAGS), spec.flags);
+                s.set_u32(u16_attr(sys::NFTNL_SET_KEY_TYPE), spec.key_type);
+                s.set_u32(u16_attr(sys::NFTNL_SET_KEY_LEN), spec.key_len);
+                if let Some(dt) = spec.data_type {
+                    s.set_u32(u16_attr(sys::NFTNL_SET_DATA_TYPE), dt);
+                    s.set_u32(u16_attr(sys::NFTNL_SET_DATA_LEN), spec.data_len);
+                }
+                if let Some(t) = spec.timeout_ms {
+                    s.set_u64(u16_attr(sys::NFTNL_SET_TIMEOUT), t);
+                }
+                if let Some(ud) = &spec.userdata {
+                    s.set_data(u16_attr(sys::NFTNL_SET_USERDATA), ud);
+                }
+                s.set_u32(u16_attr(sys::NFTNL_SET_ID), id);
+                push(msg::NEWSET, NLM_F_CREATE, Body::Set(s), Vec::new());
+            }
+            OpKind::DeleteSet { set } => {
+                push(msg::DELSET, 0, Body::Set(set_obj(table, family, set)?), Vec::new());
+            }
+            OpKind::AddElements { set, elements } => {
+                let id = set_ids.get(&(family, table.to_string(), set.clone())).copied();
+                for chunk in chunk_by_size(elements, |(k, e)| element_size(k, e)) {
+                    let mut s = set_obj(table, family, set)?;
+                    if let Some(id) = id {
+                        s.set_u32(u16_attr(sys::NFTNL_SET_ID), id);
+                    }
+                    let mut owners = Vec::with_capacity(chunk.len());
+                    for (key, element) in chunk {
+                        s.add_elem(encode_element(key, Some(element))?);
+                        owners.push(element.owner.clone());
+                    }
+                    push(msg::NEWSETELEM, NLM_F_CREATE, Body::Elems(s), owners);
+                }
+            }
+            OpKind::DeleteElements { set, keys } => {
+                for chunk in chunk_by_size(keys, |(k, _)| 32 + k.bytes.len()) {
+                    let mut s = set_obj(table, family, set)?;
+                    let mut owners = Vec::with_capacity(chunk.len());
+                    for (key, owner) in chunk {
+                        s.add_elem(encode_element(key, None)?);
+                        owners.push(owner.clone());
+                    }
+                    push(msg::DELSETELEM, 0, Body::Elems(s), owners);
+                }
+            }
+        }
+    }
+
+    for (message, _, _) in &messages {
+        batch.add(message, MsgType::Add);
+    }
+    let batch = batch.finalize();
+    let seqs = batch.sequence_numbers();
+    let bytes = batch.iter().map(<[u8]>::len).sum();
+    // With BEGIN/END ACKs the batch holds n + 2 sequence numbers; END has the last one.
+    let acked = seqs.len() == messages.len() + 2;
+    let end_ack_seq = acked.then(|| seqs.end - 1);
+    let messages = messages
+        .into_iter()
+        .map(|(m, op_index, element_owners)| MessageInfo { seq: m.seq.get(), op_index, element_owners })
+        .collect();
+    Ok(EncodedBatch { batch, messages, end_ack_seq, bytes })
+}
+
+fn chunk_by_size<T>(items: &[T], size: impl Fn(&T) -> usize) -> Vec<&[T]> {
+    let mut out = Vec::new();
+    let mut start = 0;
+    let mut acc = 0;
+    for (i, item) in items.iter().enumerate() {
+        let s = size(item);
+        if acc + s > ELEMENT_MESSAGE_BUDGET && i > start {
+            out.push(&items[start..i]);
+            start = i;
+            acc = 0;
+        }
+        acc += s;
+    }
+    if start < items.len() {
+        out.push(&items[start..]);
+    }
+    out
+}
+
+fn element_size(key: &WireKey, element: &WireElement) -> usize {
+    let data = match &element.data {
+        WireData::None => 0,
+        WireData::Verdict { chain, .. } => 24 + chain.as_ref().map_or(0, String::len),
+        WireData::Bytes(b) => 8 + b.len(),
+    };
+    48 + key.bytes.len() + data + element.userdata.as_ref().map_or(0, Vec::len)
+}
+
+fn table_obj(name: &str, family: u16) -> Result<raw::Table, NetlinkError> {
+    let mut t = raw::Table::new()?;
+    t.set_str(u16_attr(sys::NFTNL_TABLE_NAME), name)?;
+    t.set_u32(u16_attr(sys::NFTNL_TABLE_FAMILY), u32::from(family));
+    Ok(t)
+}
+
+fn chain_obj(table: &str, family: u16, name: &str) -> Result<raw::Chain, NetlinkError> {
+    let mut c = raw::Chain::new()?;
+    c.set_str(u16_attr(sys::NFTNL_CHAIN_TABLE), table)?;
+    c.set_str(u16_attr(sys::NFTNL_CHAIN_NAME), name)?;
+    c.set_u32(u16_attr(sys::NFTNL_CHAIN_FAMILY), u32::from(family));
+    Ok(c)
+}
+
+fn set_obj(table: &str, family: u16, name: &str) -> Result<raw::Set, NetlinkError> {
+    let mut s = raw::Set::new()?;
+    s.set_str(u16_attr(sys::NFTNL_SET_TABLE), table)?;
+    s.set_str(u16_attr(sys::NFTNL_SET_NAME), name)?;
+    s.set_u32(u16_attr(sys::NFTNL_SET_FAMILY), u32::from(family));
+    Ok(s)
+}
+
+fn encode_element(key: &WireKey, element: Option<&WireElement>) -> Result<raw::SetElem, NetlinkError> {
+    let mut e = raw::SetElem::new()?;
+    e.data(u16_attr(sys::NFTNL_SET_ELEM_KEY), &key.bytes);
+    if key.interval_end {
+        e.u32(u16_attr(sys::NFTNL_SET_ELEM_FLAGS), consts::ELEM_INTERVAL_END);
+    }
+    if let Some(element) = element {
+        match &element.data {
+            WireData::None => {}
+            WireData::Verdict { code, chain } => {
+                e.u32(u16_attr(sys::NFTNL_SET_ELEM_VERDICT), *code as u32);
+                if let Some(c) = chain {
+                    e.str(u16_attr(sys::NFTNL_SET_ELEM_CHAIN), c)?;
+                }
+            }
+            WireData::Bytes(b) => e.data(u16_attr(sys::NFTNL_SET_ELEM_DATA), b),
+        }
+        if let Some(ud) = &element.userdata {
+            e.data(u16_attr(sys::NFTNL_SET_ELEM_USERDATA), ud);
+        }
+    }
+    Ok(e)
+}
+
+fn payload_base(base: PayloadBase) -> u32 {
+    match base {
+        PayloadBase::Link => 0,
+        PayloadBase::Network => 1,
+        PayloadBase::Transport => 2,
+    }
+}
+
+fn encode_expr(expr: &LowExpr, set_id: impl Fn(&str) -> Option<u32>) -> Result<raw::Expr, NetlinkError> {
+    let a = |attr: u32| u16::try_from(attr).unwrap_or(u16::MAX);
+    let e = match expr {
+        LowExpr::Payload { base, offset, len, dreg } => {
+            let mut e = raw::Expr::new("payload")?;
+            e.u32(a(sys::NFTNL_EXPR_PAYLOAD_DREG), *dreg)
+                .u32(a(sys::NFTNL_EXPR_PAYLOAD_BASE), payload_base(*base))
+                .u32(a(sys::NFTNL_EXPR_PAYLOAD_OFFSET), *offset)
+                .u32(a(sys::NFTNL_EXPR_PAYLOAD_LEN), *len);
+            e
+        }
+        LowExpr::Meta { key, dreg } => {
+            let mut e = raw::Expr::new("meta")?;
+            e.u32(a(sys::NFTNL_EXPR_META_KEY), *key).u32(a(sys::NFTNL_EXPR_META_DREG), *dreg);
+            e
+        }
+        LowExpr::MetaSet { key, sreg } => {
+            let mut e = raw::Expr::new("meta")?;
+            e.u32(a(sys::NFTNL_EXPR_META_KEY), *key).u32(a(sys::NFTNL_EXPR_META_SREG), *sreg);
+            e
+        }
+        LowExpr::Cmp { sreg, op, data } => {
+            let mut e = raw::Expr::new("cmp")?;
+            e.u32(a(sys::NFTNL_EXPR_CMP_SREG), *sreg)
+                .u32(a(sys::NFTNL_EXPR_CMP_OP), *op)
+                .data(a(sys::NFTNL_EXPR_CMP_DATA), data);
+            e
+        }
+        LowExpr::Bitwise { sreg, dreg, len, mask, xor } => {
+            let mut e = raw::Expr::new("bitwise")?;
+            e.u32(a(sys::NFTNL_EXPR_BITWISE_SREG), *sreg)
+                .u32(a(sys::NFTNL_EXPR_BITWISE_DREG), *dreg)
+                .u32(a(sys::NFTNL_EXPR_BITWISE_LEN), *len)
+                .data(a(sys::NFTNL_EXPR_BITWISE_MASK), mask)
+                .data(a(sys::NFTNL_EXPR_BITWISE_XOR), xor);
+            e
+        }
+        LowExpr::Lookup { sreg, dreg, set, flags } => {
+            let mut e = raw::Expr::new("lookup")?;
+            e.u32(a(sys::NFTNL_EXPR_LOOKUP_SREG), *sreg).str(a(sys::NFTNL_EXPR_LOOKUP_SET), set)?;
+            if let Some(d) = dreg {
+                e.u32(a(sys::NFTNL_EXPR_LOOKUP_DREG), *d);
+            }
+            if let Some(id) = set_id(set) {
+                e.u32(a(sys::NFTNL_EXPR_LOOKUP_SET_ID), id);
+            }
+            if *flags != 0 {
+                e.u32(a(sys::NFTNL_EXPR_LOOKUP_FLAGS), *flags);
+            }
+            e
+        }
+        LowExpr::Verdict { code, chain } => {
+            let mut e = raw::Expr::new("immediate")?;
+            e.u32(a(sys::NFTNL_EXPR_IMM_DREG), consts::REG_VERDICT)
+                .u32(a(sys::NFTNL_EXPR_IMM_VERDICT), *code as u32);
+            if let Some(c) = chain {
+                e.str(a(sys::NFTNL_EXPR_IMM_CHAIN), c)?;
+            }
+            e
+        }
+        LowExpr::Immediate { dreg, data } => {
+            let mut e = raw::Expr::new("immediate")?;
+            e.u32(a(sys::NFTNL_EXPR_IMM_DREG), *dreg).data(a(sys::NFTNL_EXPR_IMM_DATA), data);
+            e
+        }
+        LowExpr::Numgen { dreg, modulus, kind, offset } => {
+            let mut e = raw::Expr::new("numgen")?;
+            e.u32(a(sys::NFTNL_EXPR_NG_DREG), *dreg)
+                .u32(a(sys::NFTNL_EXPR_NG_MODULUS), *modulus)
+                .u32(a(sys::NFTNL_EXPR_NG_TYPE), *kind);
+            if *offset != 0 {
+                e.u32(a(sys::NFTNL_EXPR_NG_OFFSET), *offset);
+            }
+            e
+        }
+        LowExpr::Fib { dreg, result, flags } => {
+            let mut e = raw::Expr::new("fib")?;
+            e.u32(a(sys::NFTNL_EXPR_FIB_DREG), *dreg)
+                .u32(a(sys::NFTNL_EXPR_FIB_RESULT), *result)
+                .u32(a(sys::NFTNL_EXPR_FIB_FLAGS), *flags);
+            e
+        }
+        LowExpr::Ct { key, dreg } => {
+            let mut e = raw::Expr::new("ct")?;
+            e.u32(a(sys::NFTNL_EXPR_CT_KEY), *key).u32(a(sys::NFTNL_EXPR_CT_DREG), *dreg);
+            e
+        }
+        LowExpr::Dynset { op, sreg_key, set } => {
+            let mut e = raw::Expr::new("dynset")?;
+            e.u32(a(sys::NFTNL_EXPR_DYNSET_OP), *op)
+                .u32(a(sys::NFTNL_EXPR_DYNSET_SREG_KEY), *sreg_key)
+                .str(a(sys::NFTNL_EXPR_DYNSET_SET_NAME), set)?;
+            if let Some(id) = set_id(set) {
+                e.u32(a(sys::NFTNL_EXPR_DYNSET_SET_ID), id);
+            }
+            e
+        }
+        LowExpr::Nat { kind, family, reg_addr, reg_proto, flags } => {
+            let mut e = raw::Expr::new("nat")?;
+            e.u32(a(sys::NFTNL_EXPR_NAT_TYPE), *kind).u32(a(sys::NFTNL_EXPR_NAT_FAMILY), *family);
+            if let Some(r) = reg_addr {
+                e.u32(a(sys::NFTNL_EXPR_NAT_REG_ADDR_MIN), *r);
+            }
+            if let Some(r) = reg_proto {
+                e.u32(a(sys::NFTNL_EXPR_NAT_REG_PROTO_MIN), *r);
+            }
+            if *flags != 0 {
+                e.u32(a(sys::NFTNL_EXPR_NAT_FLAGS), *flags);
+            }
+            e
+        }
+        LowExpr::Masq { flags } => {
+            let mut e = raw::Expr::new("masq")?;
+            if *flags != 0 {
+                e.u32(a(sys::NFTNL_EXPR_MASQ_FLAGS), *flags);
+            }
+            e
+        }
+        LowExpr::Reject { kind, code } => {
+            let mut e = raw::Expr::new("reject")?;
+            e.u32(a(sys::NFTNL_EXPR_REJECT_TYPE), *kind).u8(a(sys::NFTNL_EXPR_REJECT_CODE), *code);
+            e
+        }
+        LowExpr::Foreign(name) => return Err(NetlinkError::ForeignExpression(name.clone())),
+    };
+    Ok(e)
+}

@@ -1,0 +1,242 @@
+//! An in-memory stand-in for the kernel, for tests that need no privileges.
+//!
+//! It applies transactions atomically with the checks that make the kernel refuse a batch:
+//! objects must exist before they are referenced (`ENOENT`), referenced chains and sets cannot
+//! be deleted (`EBUSY`), and an element cannot be re-added with different data (`EEXIST`).
+
+use std::collections::BTreeMap;
+
+use indexmap::IndexMap;
+
+use super::{ApplyStats, MessageFailure, NetlinkError, Netfilter};
+use crate::net::IpFamily;
+use crate::nft::diff::{OpKind, Transaction};
+use crate::nft::wire::*;
+
+/// The fake kernel's state and a log of what it was sent.
+#[derive(Debug, Default)]
+pub struct FakeNetfilter {
+    pub state: WireRuleset,
+    /// Every transaction applied successfully, in order.
+    pub applied: Vec<Transaction>,
+    /// Fail the next transaction that contains an operation whose text contains this string.
+    pub fail_on: Option<String>,
+}
+
+impl FakeNetfilter {
+    /// An empty kernel.
+    pub fn new() -> FakeNetfilter {
+        FakeNetfilter::default()
+    }
+}
+
+fn err(index: usize, tx: &Transaction, errno: i32) -> NetlinkError {
+    let op = &tx.ops[index];
+    NetlinkError::Rejected(vec![MessageFailure {
+        op_index: index,
+        op: op.to_string(),
+        errno,
+        owners: op.owners(),
+        text: None,
+    }])
+}
+
+impl Netfilter for FakeNetfilter {
+    fn apply(&mut self, tx: &Transaction) -> Result<ApplyStats, NetlinkError> {
+        let mut state = self.state.clone();
+        for (i, op) in tx.ops.iter().enumerate() {
+            if let Some(pattern) = &self.fail_on {
+                if op.to_string().contains(pattern.as_str()) {
+                    return Err(err(i, tx, libc::EINVAL));
+                }
+            }
+            apply_op(&mut state, op).map_err(|errno| err(i, tx, errno))?;
+        }
+        for table in &state.tables {
+            check_references(table).map_err(|errno| err(tx.ops.len().saturating_sub(1), tx, errno))?;
+        }
+        self.state = state;
+        self.applied.push(tx.clone());
+        Ok(ApplyStats { messages: tx.ops.len(), ..ApplyStats::default() })
+    }
+
+    fn read(&mut self, tables: &[(IpFamily, &str)]) -> Result<WireRuleset, NetlinkError> {
+        Ok(WireRuleset {
+            tables: self
+                .state
+                .tables
+                .iter()
+                .filter(|t| tables.iter().any(|(f, n)| *f == t.family && *n == t.name))
+                .cloned()
+                .collect(),
+        })
+    }
+}
+
+fn table_mut<'a>(state: &'a mut WireRuleset, op: &crate::nft::diff::Op) -> Result<&'a mut WireTable, i32> {
+    state
+        .tables
+        .iter_mut()
+        .find(|t| t.family == op.family && t.name == op.table)
+        .ok_or(libc::ENOENT)
+}
+
+/// Names referenced by a table's rules and map elements.
+fn chain_refs(table: &WireTable) -> Vec<String> {
+    let mut out: Vec<String> = table.chains.values().flat_map(|c| c.targets().map(str::to_string)).collect();
+    for set in table.sets.values() {
+        for e in set.elements.values() {
+            if let WireData::Verdict { chain: Some(c), .. } = &e.data {
+                out.push(c.clone());
+            }
+        }
+    }
+    out
+}
+
+fn set_refs(table: &WireTable) -> Vec<String> {
+    table.chains.values().flat_map(|c| c.set_refs().map(str::to_string)).collect()
+}
+
+fn check_references(table: &WireTable) -> Result<(), i32> {
+    for c in chain_refs(table) {
+        if !table.chains.contains_key(&c) {
+            return Err(libc::ENOENT);
+        }
+    }
+    for s in set_refs(table) {
+        if !table.sets.contains_key(&s) {
+            return Err(libc::ENOENT);
+        }
+    }
+    Ok(())
+}
+
+fn apply_op(state: &mut WireRuleset, op: &crate::nft::diff::Op) -> Result<(), i32> {
+    match &op.kind {
+        OpKind::AddTable { flags, userdata } => {
+            if let Ok(t) = table_mut(state, op) {
+                t.flags = *flags;
+            } else {
+                state.tables.push(WireTable {
+                    family: op.family,
+                    name: op.table.clone(),
+                    flags: *flags,
+                    userdata: userdata.clone(),
+                    sets: IndexMap::new(),
+                    chains: IndexMap::new(),
+                });
+            }
+        }
+        OpKind::DeleteTable => {
+            let before = state.tables.len();
+            state.tables.retain(|t| !(t.family == op.family && t.name == op.table));
+            if state.tables.len() == before {
+                return Err(libc::ENOENT);
+            }
+        }
+        OpKind::AddChain { chain, hook, userdata } => {
+            let t = table_mut(state, op)?;
+            match t.chains.get(chain) {
+                Some(existing) if existing.hook != *hook => return Err(libc::EBUSY),
+                Some(_) => {}
+                None => {
+                    t.chains.insert(
+                        chain.clone(),
+                        WireChain {
+                            name: chain.clone(),
+                            hook: hook.clone(),
+                            userdata: userdata.clone(),
+                            rules: Vec::new(),
+                            owner: op.owner.clone(),
+                        },
+                    );
+                }
+            }
+        }
+        OpKind::FlushChain { chain } => {
+            table_mut(state, op)?.chains.get_mut(chain).ok_or(libc::ENOENT)?.rules.clear();
+        }
+        OpKind::DeleteChain { chain } => {
+            let t = table_mut(state, op)?;
+            let removed = t.chains.shift_remove(chain).ok_or(libc::ENOENT)?;
+            if chain_refs(t).iter().any(|c| c == chain) {
+                t.chains.insert(chain.clone(), removed);
+                return Err(libc::EBUSY);
+            }
+        }
+        OpKind::AddRule { chain, rule } => {
+            let t = table_mut(state, op)?;
+            for target in rule.exprs.iter().filter_map(|e| match e {
+                LowExpr::Verdict { chain: Some(c), .. } => Some(c),
+                _ => None,
+            }) {
+                if !t.chains.contains_key(target) {
+                    return Err(libc::ENOENT);
+                }
+            }
+            for set in rule.exprs.iter().filter_map(|e| match e {
+                LowExpr::Lookup { set, .. } | LowExpr::Dynset { set, .. } => Some(set),
+                _ => None,
+            }) {
+                if !t.sets.contains_key(set) {
+                    return Err(libc::ENOENT);
+                }
+            }
+            t.chains.get_mut(chain).ok_or(libc::ENOENT)?.rules.push(rule.clone());
+        }
+        OpKind::AddSet { set, spec } => {
+            let t = table_mut(state, op)?;
+            match t.sets.get(set) {
+                Some(existing) if existing.spec != *spec => return Err(libc::EEXIST),
+                Some(_) => {}
+                None => {
+                    t.sets.insert(
+                        set.clone(),
+                        WireSet {
+                            name: set.clone(),
+                            spec: spec.clone(),
+                            elements: BTreeMap::new(),
+                            dynamic: spec.flags & consts::SET_EVAL != 0,
+                            owner: op.owner.clone(),
+                        },
+                    );
+                }
+            }
+        }
+        OpKind::DeleteSet { set } => {
+            let t = table_mut(state, op)?;
+            if set_refs(t).iter().any(|s| s == set) {
+                return Err(libc::EBUSY);
+            }
+            t.sets.shift_remove(set).ok_or(libc::ENOENT)?;
+        }
+        OpKind::AddElements { set, elements } => {
+            let t = table_mut(state, op)?;
+            for (_, e) in elements {
+                if let WireData::Verdict { chain: Some(c), .. } = &e.data {
+                    if !t.chains.contains_key(c) {
+                        return Err(libc::ENOENT);
+                    }
+                }
+            }
+            let s = t.sets.get_mut(set).ok_or(libc::ENOENT)?;
+            for (k, e) in elements {
+                match s.elements.get(k) {
+                    Some(existing) if !existing.same_content(e) => return Err(libc::EEXIST),
+                    Some(_) => {}
+                    None => {
+                        s.elements.insert(k.clone(), e.clone());
+                    }
+                }
+            }
+        }
+        OpKind::DeleteElements { set, keys } => {
+            let s = table_mut(state, op)?.sets.get_mut(set).ok_or(libc::ENOENT)?;
+            for (k, _) in keys {
+                s.elements.remove(k).ok_or(libc::ENOENT)?;
+            }
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,206 @@
+//! The kernel edge: applies a [`Transaction`] as one netlink batch and reads nftproxy's tables
+//! back. This module holds all of nftproxy's `unsafe` code (libnftnl calls and socket syscalls).
+
+mod decode;
+mod encode;
+pub mod fake;
+#[allow(unsafe_code)]
+mod socket;
+#[allow(unsafe_code)]
+mod sys;
+
+use std::io;
+use std::time::{Duration, Instant};
+
+use thiserror::Error;
+
+use crate::net::IpFamily;
+use crate::nft::ast::Owner;
+use crate::nft::diff::Transaction;
+use crate::nft::wire::WireRuleset;
+
+pub use fake::FakeNetfilter;
+
+/// Errors from the kernel edge.
+#[derive(Debug, Error)]
+pub enum NetlinkError {
+    #[error("cannot open a netfilter netlink socket: {0} (nftproxy needs CAP_NET_ADMIN)")]
+    Socket(#[source] io::Error),
+    #[error("sending the batch failed: {0}")]
+    Send(#[source] io::Error),
+    #[error("reading kernel replies failed: {0}")]
+    Receive(#[source] io::Error),
+    #[error("kernel replies were lost (receive buffer overrun); the outcome of the transaction is unknown")]
+    RepliesLost,
+    #[error("the kernel did not confirm the commit (no ACK for BATCH_END)")]
+    NotCommitted,
+    #[error("reading the ruleset failed: {0}")]
+    Dump(#[source] io::Error),
+    #[error("malformed netlink message: {0}")]
+    Malformed(&'static str),
+    #[error("out of memory in libnftnl")]
+    OutOfMemory,
+    #[error("name {0:?} contains a NUL byte")]
+    InvalidName(String),
+    #[error("the batch needs {pages} pages, more than one sendmsg can carry")]
+    BatchTooLarge { pages: usize },
+    #[error("cannot encode foreign expression {0:?}")]
+    ForeignExpression(String),
+    #[error("the kernel rejected the transaction: {}", describe(.0))]
+    Rejected(Vec<MessageFailure>),
+}
+
+fn describe(failures: &[MessageFailure]) -> String {
+    failures.iter().map(|f| f.to_string()).collect::<Vec<_>>().join("; ")
+}
+
+/// One message the kernel refused, and whom it was for.
+#[derive(Debug, Clone)]
+pub struct MessageFailure {
+    /// Index of the operation in the transaction.
+    pub op_index: usize,
+    /// The operation, as text (`add rule ip nftproxy services`).
+    pub op: String,
+    /// Positive errno.
+    pub errno: i32,
+    /// The owners this failure points at (one element, or the operation's owner).
+    pub owners: Vec<Owner>,
+    /// Kernel error text, if any.
+    pub text: Option<String>,
+}
+
+impl std::fmt::Display for MessageFailure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let err = io::Error::from_raw_os_error(self.errno);
+        let owners: Vec<String> = self.owners.iter().map(|o| o.to_string()).collect();
+        write!(f, "{} failed for {}: {err}", self.op, owners.join(", "))?;
+        if let Some(t) = &self.text {
+            write!(f, " ({t})")?;
+        }
+        Ok(())
+    }
+}
+
+/// What applying a transaction cost.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct ApplyStats {
+    /// Netlink messages sent, BEGIN/END excluded.
+    pub messages: usize,
+    /// Batch size in bytes.
+    pub bytes: usize,
+    /// Time spent encoding the batch.
+    pub encode: Duration,
+    /// Time inside sendmsg and reading the replies (the kernel's work).
+    pub kernel: Duration,
+}
+
+/// Something that holds nftables state: the kernel, or a fake for tests.
+pub trait Netfilter {
+    /// Applies all operations atomically, or none.
+    fn apply(&mut self, tx: &Transaction) -> Result<ApplyStats, NetlinkError>;
+
+    /// Reads the named tables (those that exist).
+    fn read(&mut self, tables: &[(IpFamily, &str)]) -> Result<WireRuleset, NetlinkError>;
+}
+
+/// The kernel of the current network namespace.
+pub struct Kernel {
+    socket: socket::Socket,
+}
+
+impl Kernel {
+    /// Opens a netfilter socket in the current network namespace.
+    pub fn open() -> Result<Kernel, NetlinkError> {
+        Ok(Kernel { socket: socket::Socket::open()? })
+    }
+}
+
+impl Netfilter for Kernel {
+    fn apply(&mut self, tx: &Transaction) -> Result<ApplyStats, NetlinkError> {
+        if tx.is_empty() {
+            return Ok(ApplyStats::default());
+        }
+        let started = Instant::now();
+        let encoded = encode::encode(tx)?;
+        let encode_time = started.elapsed();
+        let pages: Vec<&[u8]> = encoded.batch.iter().collect();
+        // Errors are the only replies besides BEGIN/END: one per failing message at most.
+        let recv = (encoded.messages.len() + 16) * 1024;
+        self.socket.size_buffers(encoded.bytes + 64 * 1024, recv.max(1 << 20));
+
+        let sent = Instant::now();
+        self.socket.send_pages(&pages)?;
+        let replies = self.socket.drain_replies()?;
+        let kernel = sent.elapsed();
+
+        let mut failures = Vec::new();
+        let mut committed = false;
+        for reply in &replies {
+            if reply.error == 0 {
+                if Some(reply.seq) == encoded.end_ack_seq {
+                    committed = true;
+                }
+                continue;
+            }
+            failures.push(failure(tx, &encoded, &pages, reply));
+        }
+        if !failures.is_empty() {
+            return Err(NetlinkError::Rejected(failures));
+        }
+        // Kernels before 6.10 do not ACK BATCH_END; there, no error means committed.
+        if encoded.end_ack_seq.is_some() && !committed {
+            return Err(NetlinkError::NotCommitted);
+        }
+        Ok(ApplyStats { messages: encoded.messages.len(), bytes: encoded.bytes, encode: encode_time, kernel })
+    }
+
+    fn read(&mut self, tables: &[(IpFamily, &str)]) -> Result<WireRuleset, NetlinkError> {
+        let mut out = WireRuleset::default();
+        for (family, name) in tables {
+            if let Some(t) = decode::read_table(&mut self.socket, *family, name)? {
+                out.tables.push(t);
+            }
+        }
+        Ok(out)
+    }
+}
+
+/// Maps an error reply to the operation and owners it belongs to.
+fn failure(
+    tx: &Transaction,
+    encoded: &encode::EncodedBatch,
+    pages: &[&[u8]],
+    reply: &socket::Reply,
+) -> MessageFailure {
+    let info = encoded.messages.iter().find(|m| m.seq == reply.seq);
+    let errno = -reply.error;
+    let Some(info) = info else {
+        return MessageFailure {
+            op_index: 0,
+            op: format!("batch message seq {}", reply.seq),
+            errno,
+            owners: vec![Owner::infrastructure()],
+            text: reply.text.clone(),
+        };
+    };
+    let op = &tx.ops[info.op_index];
+    let mut owners = op.owners();
+    if !info.element_owners.is_empty() {
+        owners = info.element_owners.clone();
+        // The extended ACK offset points into the failing element's nest.
+        if let Some(offset) = reply.offset {
+            let message = pages
+                .iter()
+                .flat_map(|p| socket::split_messages(p))
+                .find(|(seq, _)| *seq == reply.seq)
+                .map(|(_, bytes)| bytes);
+            if let Some(idx) = message.and_then(|m| socket::element_index_at(m, offset)) {
+                if let Some(owner) = info.element_owners.get(idx) {
+                    owners = vec![owner.clone()];
+                }
+            }
+        }
+    }
+    owners.dedup();
+    MessageFailure { op_index: info.op_index, op: op.to_string(), errno, owners, text: reply.text.clone() }
+}

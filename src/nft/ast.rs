@@ -1,0 +1,453 @@
+//! The desired ruleset as a plain value, in nftables vocabulary.
+//!
+//! `plan` builds it, [`super::render`] prints it as nft text (what `nft list ruleset` shows) and
+//! [`super::lower`] turns it into the kernel's objects. Only the shapes nftproxy needs exist here;
+//! each one is written the way nft 1.0.x writes and prints it, so any `nft` can read our tables.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::net::IpAddr;
+use std::sync::Arc;
+
+use indexmap::IndexMap;
+use ipnet::IpNet;
+
+use crate::net::{IpFamily, L4Proto};
+
+/// Who an nftables object belongs to, so a kernel error can be traced back to a Kubernetes
+/// object. Service-port objects carry `namespace/name:port`; shared plumbing carries
+/// [`Owner::infrastructure`].
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Owner(Arc<str>);
+
+impl Owner {
+    const INFRASTRUCTURE: &'static str = "nftproxy";
+
+    /// An owner named by `name` (for service ports: `ns/svc:port`).
+    pub fn new(name: impl Into<Arc<str>>) -> Owner {
+        Owner(name.into())
+    }
+
+    /// The owner of the table, base chains and shared maps.
+    pub fn infrastructure() -> Owner {
+        Owner(Arc::from(Self::INFRASTRUCTURE))
+    }
+
+    /// True for shared plumbing rather than a service port.
+    pub fn is_infrastructure(&self) -> bool {
+        &*self.0 == Self::INFRASTRUCTURE
+    }
+
+    /// The owner's name.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Display for Owner {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// A whole ruleset: one table per IP family in use.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Ruleset {
+    pub tables: Vec<Table>,
+}
+
+impl Ruleset {
+    /// The table of one family, if present.
+    pub fn table(&self, family: IpFamily) -> Option<&Table> {
+        self.tables.iter().find(|t| t.family == family)
+    }
+}
+
+/// An nftables table (`table ip nftproxy`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Table {
+    pub family: IpFamily,
+    pub name: String,
+    pub comment: Option<String>,
+    /// Sets and maps, in the order they are created and printed.
+    pub sets: IndexMap<String, Set>,
+    /// Chains, in the order they are created and printed.
+    pub chains: IndexMap<String, Chain>,
+}
+
+impl Table {
+    /// An empty table.
+    pub fn new(family: IpFamily, name: &str, comment: Option<&str>) -> Table {
+        Table {
+            family,
+            name: name.to_string(),
+            comment: comment.map(str::to_string),
+            sets: IndexMap::new(),
+            chains: IndexMap::new(),
+        }
+    }
+
+    /// Adds a set (replacing one with the same name).
+    pub fn add_set(&mut self, set: Set) {
+        self.sets.insert(set.name.clone(), set);
+    }
+
+    /// Adds a chain (replacing one with the same name).
+    pub fn add_chain(&mut self, chain: Chain) {
+        self.chains.insert(chain.name.clone(), chain);
+    }
+
+    /// Total number of set and map elements.
+    pub fn element_count(&self) -> usize {
+        self.sets.values().map(|s| s.elements.len()).sum()
+    }
+
+    /// Total number of rules.
+    pub fn rule_count(&self) -> usize {
+        self.chains.values().map(|c| c.rules.len()).sum()
+    }
+}
+
+/// Netfilter hooks nftproxy attaches to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Hook {
+    Prerouting,
+    Input,
+    Forward,
+    Output,
+    Postrouting,
+}
+
+impl Hook {
+    /// nft keyword.
+    pub fn name(self) -> &'static str {
+        match self {
+            Hook::Prerouting => "prerouting",
+            Hook::Input => "input",
+            Hook::Forward => "forward",
+            Hook::Output => "output",
+            Hook::Postrouting => "postrouting",
+        }
+    }
+
+    /// The kernel's hook number (`NF_INET_*`).
+    pub fn number(self) -> u32 {
+        match self {
+            Hook::Prerouting => 0,
+            Hook::Input => 1,
+            Hook::Forward => 2,
+            Hook::Output => 3,
+            Hook::Postrouting => 4,
+        }
+    }
+
+    /// The hook with this kernel number.
+    pub fn from_number(n: u32) -> Option<Hook> {
+        Some(match n {
+            0 => Hook::Prerouting,
+            1 => Hook::Input,
+            2 => Hook::Forward,
+            3 => Hook::Output,
+            4 => Hook::Postrouting,
+            _ => return None,
+        })
+    }
+}
+
+/// Base chain types.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ChainType {
+    Filter,
+    Nat,
+}
+
+impl ChainType {
+    /// nft keyword (also the kernel's type name).
+    pub fn name(self) -> &'static str {
+        match self {
+            ChainType::Filter => "filter",
+            ChainType::Nat => "nat",
+        }
+    }
+}
+
+/// What makes a chain a base chain: its hook, type and priority. Policy is always accept
+/// (like upstream, nftproxy never accepts or drops by policy; other tables decide).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BaseHook {
+    pub chain_type: ChainType,
+    pub hook: Hook,
+    pub priority: i32,
+}
+
+/// A chain with its rules.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Chain {
+    pub name: String,
+    pub base: Option<BaseHook>,
+    pub comment: Option<String>,
+    pub rules: Vec<Rule>,
+    pub owner: Owner,
+}
+
+impl Chain {
+    /// A regular chain (reached only by jump/goto).
+    pub fn regular(name: impl Into<String>, owner: Owner) -> Chain {
+        Chain { name: name.into(), base: None, comment: None, rules: Vec::new(), owner }
+    }
+
+    /// A base chain attached to a hook.
+    pub fn base(name: impl Into<String>, base: BaseHook) -> Chain {
+        Chain {
+            name: name.into(),
+            base: Some(base),
+            comment: None,
+            rules: Vec::new(),
+            owner: Owner::infrastructure(),
+        }
+    }
+
+    /// Sets the chain comment.
+    pub fn with_comment(mut self, comment: &str) -> Chain {
+        self.comment = Some(comment.to_string());
+        self
+    }
+
+    /// Appends a rule.
+    pub fn push(&mut self, rule: Rule) {
+        self.rules.push(rule);
+    }
+}
+
+/// One rule: statements evaluated left to right, and an optional comment.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Rule {
+    pub stmts: Vec<Stmt>,
+    pub comment: Option<String>,
+}
+
+impl Rule {
+    /// A rule made of these statements.
+    pub fn new(stmts: Vec<Stmt>) -> Rule {
+        Rule { stmts, comment: None }
+    }
+
+    /// Sets the rule comment.
+    pub fn with_comment(mut self, comment: impl Into<String>) -> Rule {
+        self.comment = Some(comment.into());
+        self
+    }
+}
+
+/// Packet fields a rule loads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Selector {
+    /// `ip saddr` / `ip6 saddr`
+    Saddr(IpFamily),
+    /// `ip daddr` / `ip6 daddr`
+    Daddr(IpFamily),
+    /// `meta l4proto`
+    L4Proto,
+    /// `th dport` (TCP, UDP and SCTP keep the destination port at the same offset)
+    Dport,
+    /// `meta mark`
+    Mark,
+    /// `iifname`
+    Iifname,
+}
+
+/// Comparison operators.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum CmpOp {
+    Eq,
+    Ne,
+}
+
+/// Which address `fib … type local` looks up.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum FibAddr {
+    Saddr,
+    Daddr,
+}
+
+/// A constant a rule compares with, or a set element's field.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Value {
+    Addr(IpAddr),
+    /// An address prefix: a rule operand (`ip saddr != 10.0.0.0/8`) or an interval-set element.
+    Prefix(IpNet),
+    Proto(L4Proto),
+    Port(u16),
+    /// A `numgen` result (the key of an endpoint map).
+    Index(u32),
+    /// An interface name; a trailing `*` matches a prefix.
+    Ifname(String),
+}
+
+/// Verdicts.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Verdict {
+    Accept,
+    Drop,
+    Return,
+    Jump(String),
+    Goto(String),
+}
+
+impl Verdict {
+    /// The chain this verdict continues in, if any.
+    pub fn target(&self) -> Option<&str> {
+        match self {
+            Verdict::Jump(c) | Verdict::Goto(c) => Some(c),
+            _ => None,
+        }
+    }
+}
+
+/// Statements: the building blocks of nftproxy's rules.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum Stmt {
+    /// `ip saddr != 10.0.0.0/8`, `meta l4proto tcp`, `iifname "veth*"`.
+    Cmp { sel: Selector, op: CmpOp, value: Value },
+    /// `meta mark & 0x00004000 == 0x00000000`
+    MarkBitsEq { mask: u32, value: u32 },
+    /// `ct state new`
+    CtStateNew,
+    /// `ct status dnat`
+    CtStatusDnat,
+    /// `fib daddr type local`
+    FibLocal(FibAddr),
+    /// `ip daddr @cluster-ips`, `ip saddr != @set`, `ip saddr . ip daddr @set`.
+    Lookup { key: Vec<Selector>, set: String, negate: bool },
+    /// `ip daddr . meta l4proto . th dport vmap @service-ips`
+    Vmap { key: Vec<Selector>, map: String },
+    /// `numgen random mod N vmap @map`
+    NumgenVmap { modulus: u32, map: String },
+    /// `meta mark set meta mark | 0x00004000`
+    MarkOr(u32),
+    /// `meta mark set meta mark ^ 0x00004000`
+    MarkXor(u32),
+    /// `update @set { ip saddr }`
+    UpdateSet { set: String, key: Selector },
+    /// `masquerade fully-random`
+    Masquerade { fully_random: bool },
+    /// `reject`: ICMP(v6) port unreachable for the table's family; a TCP client sees
+    /// "connection refused" at once.
+    Reject(IpFamily),
+    /// `dnat to 10.180.0.1:80`
+    Dnat { addr: IpAddr, port: u16 },
+    /// `dnat ip to numgen random mod N map @map`
+    DnatNumgenMap { family: IpFamily, modulus: u32, map: String },
+    /// `jump x`, `goto x`, `drop`, `return`.
+    Verdict(Verdict),
+}
+
+/// The shapes of sets and maps nftproxy uses. Each has a fixed key and data layout.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum SetShape {
+    /// `type ipv4_addr`
+    Addresses(IpFamily),
+    /// `type ipv4_addr; flags interval`
+    Prefixes(IpFamily),
+    /// `type ipv4_addr . ipv4_addr`
+    AddressPairs(IpFamily),
+    /// `type ipv4_addr . inet_proto . inet_service : verdict`
+    ServiceVerdicts(IpFamily),
+    /// `type inet_proto . inet_service : verdict`
+    PortVerdicts,
+    /// `typeof numgen random mod 1 : ip daddr . th dport` (endpoint index → DNAT target)
+    EndpointTargets(IpFamily),
+    /// `typeof numgen random mod 1 : verdict` (endpoint index → endpoint chain)
+    EndpointChains,
+    /// `type ipv4_addr; flags dynamic,timeout; timeout Ns` (session affinity)
+    Affinity(IpFamily),
+}
+
+impl SetShape {
+    /// Whether this shape is a map (elements carry data).
+    pub fn is_map(self) -> bool {
+        matches!(
+            self,
+            SetShape::ServiceVerdicts(_)
+                | SetShape::PortVerdicts
+                | SetShape::EndpointTargets(_)
+                | SetShape::EndpointChains
+        )
+    }
+}
+
+/// A named set or map.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Set {
+    pub name: String,
+    pub shape: SetShape,
+    /// Element timeout in seconds (affinity sets).
+    pub timeout_secs: Option<u32>,
+    pub comment: Option<String>,
+    pub elements: BTreeMap<Vec<Value>, Element>,
+    pub owner: Owner,
+}
+
+impl Set {
+    /// An empty set.
+    pub fn new(name: impl Into<String>, shape: SetShape, owner: Owner) -> Set {
+        Set {
+            name: name.into(),
+            shape,
+            timeout_secs: None,
+            comment: None,
+            elements: BTreeMap::new(),
+            owner,
+        }
+    }
+
+    /// Sets the comment.
+    pub fn with_comment(mut self, comment: &str) -> Set {
+        self.comment = Some(comment.to_string());
+        self
+    }
+
+    /// Adds an element (a later insert with the same key replaces the earlier one).
+    pub fn insert(&mut self, key: Vec<Value>, element: Element) {
+        self.elements.insert(key, element);
+    }
+}
+
+/// A set or map element's value and bookkeeping.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Element {
+    pub data: ElementData,
+    pub comment: Option<String>,
+    pub owner: Owner,
+}
+
+impl Element {
+    /// A key-only element (plain sets).
+    pub fn key_only(owner: Owner) -> Element {
+        Element { data: ElementData::None, comment: None, owner }
+    }
+
+    /// A verdict-map element.
+    pub fn verdict(verdict: Verdict, owner: Owner) -> Element {
+        Element { data: ElementData::Verdict(verdict), comment: None, owner }
+    }
+
+    /// A data-map element.
+    pub fn values(values: Vec<Value>, owner: Owner) -> Element {
+        Element { data: ElementData::Values(values), comment: None, owner }
+    }
+
+    /// Sets the element comment.
+    pub fn with_comment(mut self, comment: impl Into<String>) -> Element {
+        self.comment = Some(comment.into());
+        self
+    }
+}
+
+/// What a map element maps to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ElementData {
+    None,
+    Verdict(Verdict),
+    Values(Vec<Value>),
+}

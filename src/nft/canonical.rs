@@ -1,0 +1,135 @@
+//! A canonical form of nft ruleset text, to compare `nft list ruleset` with [`super::render`].
+//!
+//! nft prints sets and chains in the order they were created and set elements in hash order,
+//! wrapped to its line width. Canonical text sorts tables, blocks and elements and puts one
+//! element per line; everything else (every rule, every attribute line) must match exactly.
+
+/// Canonical form of ruleset text.
+pub fn canonicalize(text: &str) -> String {
+    let mut tables: Vec<String> = Vec::new();
+    let mut lines = text.lines().peekable();
+    while let Some(line) = lines.next() {
+        let trimmed = line.trim();
+        if trimmed.is_empty() {
+            continue;
+        }
+        if trimmed.starts_with("table ") && trimmed.ends_with('{') {
+            let mut body: Vec<String> = Vec::new();
+            for inner in lines.by_ref() {
+                if inner.trim_end() == "}" {
+                    break;
+                }
+                body.push(inner.to_string());
+            }
+            tables.push(format!("{trimmed}\n{}}}\n", canonical_table_body(&body)));
+        } else {
+            tables.push(format!("{trimmed}\n"));
+        }
+    }
+    tables.sort();
+    tables.concat()
+}
+
+fn canonical_table_body(body: &[String]) -> String {
+    let mut header: Vec<String> = Vec::new();
+    let mut blocks: Vec<String> = Vec::new();
+    let mut i = 0;
+    while i < body.len() {
+        let line = body[i].trim();
+        i += 1;
+        if line.is_empty() {
+            continue;
+        }
+        if line.ends_with('{') && (line.starts_with("set ") || line.starts_with("map ") || line.starts_with("chain ")) {
+            let mut block_lines: Vec<String> = Vec::new();
+            while i < body.len() && body[i].trim() != "}" {
+                block_lines.push(body[i].trim().to_string());
+                i += 1;
+            }
+            i += 1;
+            blocks.push(format!("\t{line}\n{}\t}}\n", canonical_block(&block_lines)));
+        } else {
+            header.push(format!("\t{line}\n"));
+        }
+    }
+    blocks.sort();
+    format!("{}{}", header.concat(), blocks.concat())
+}
+
+fn canonical_block(lines: &[String]) -> String {
+    let mut out = String::new();
+    let mut i = 0;
+    while i < lines.len() {
+        let line = &lines[i];
+        i += 1;
+        if let Some(rest) = line.strip_prefix("elements = {") {
+            let mut text = rest.to_string();
+            while !text.trim_end().ends_with('}') && i < lines.len() {
+                text.push(' ');
+                text.push_str(&lines[i]);
+                i += 1;
+            }
+            let inner = text.trim().trim_end_matches('}').trim();
+            let mut elements = split_elements(inner);
+            elements.sort();
+            out.push_str("\t\telements = {\n");
+            for e in elements {
+                out.push_str(&format!("\t\t\t{e}\n"));
+            }
+            out.push_str("\t\t}\n");
+        } else {
+            out.push_str(&format!("\t\t{line}\n"));
+        }
+    }
+    out
+}
+
+/// Splits an element list at top-level commas (commas inside quoted comments stay).
+fn split_elements(s: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut current = String::new();
+    let mut quoted = false;
+    for c in s.chars() {
+        match c {
+            '"' => {
+                quoted = !quoted;
+                current.push(c);
+            }
+            ',' if !quoted => {
+                push_element(&mut out, &current);
+                current.clear();
+            }
+            _ => current.push(c),
+        }
+    }
+    push_element(&mut out, &current);
+    out
+}
+
+fn push_element(out: &mut Vec<String>, raw: &str) {
+    let collapsed = raw.split_whitespace().collect::<Vec<_>>().join(" ");
+    if !collapsed.is_empty() {
+        out.push(collapsed);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn element_order_and_wrapping_do_not_matter() {
+        let a = "table ip t {\n\tset s {\n\t\ttype ipv4_addr\n\t\telements = { 10.0.0.2, 10.0.0.1,\n\t\t\t     10.0.0.3 }\n\t}\n\n\tchain b {\n\t\tjump a\n\t}\n\n\tchain a {\n\t}\n}\n";
+        let b = "table ip t {\n\tchain a {\n\t}\n\tchain b {\n\t\tjump a\n\t}\n\tset s {\n\t\ttype ipv4_addr\n\t\telements = { 10.0.0.1, 10.0.0.3, 10.0.0.2 }\n\t}\n}\n";
+        assert_eq!(canonicalize(a), canonicalize(b));
+    }
+
+    #[test]
+    fn rules_and_comments_still_matter() {
+        let a = "table ip t {\n\tchain a {\n\t\tjump b\n\t\tjump c\n\t}\n}\n";
+        let b = "table ip t {\n\tchain a {\n\t\tjump c\n\t\tjump b\n\t}\n}\n";
+        assert_ne!(canonicalize(a), canonicalize(b));
+        let c = "table ip t {\n\tmap m {\n\t\telements = { 1 comment \"a, b\" : drop, 2 : accept }\n\t}\n}\n";
+        assert!(canonicalize(c).contains("1 comment \"a, b\" : drop"));
+    }
+}

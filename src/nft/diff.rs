@@ -1,0 +1,289 @@
+//! The difference between two rulesets as one ordered transaction.
+//!
+//! `current` is what the kernel holds (the last applied ruleset, or a read-back) and `desired`
+//! what `plan` wants. The operations are ordered so the kernel accepts them in one batch:
+//! objects exist before anything references them, and references are gone before the objects
+//! they point to are deleted (the kernel counts them: deleting a referenced chain is `EBUSY`).
+
+use std::collections::{BTreeMap, HashSet};
+use std::fmt;
+
+use super::ast::Owner;
+use super::render::family_keyword;
+use super::wire::*;
+use crate::net::IpFamily;
+
+/// What one operation does.
+#[derive(Debug, Clone)]
+pub enum OpKind {
+    AddTable { flags: u32, userdata: Option<Vec<u8>> },
+    DeleteTable,
+    AddChain { chain: String, hook: Option<WireHook>, userdata: Option<Vec<u8>> },
+    FlushChain { chain: String },
+    DeleteChain { chain: String },
+    AddRule { chain: String, rule: WireRule },
+    AddSet { set: String, spec: WireSetSpec },
+    DeleteSet { set: String },
+    AddElements { set: String, elements: Vec<(WireKey, WireElement)> },
+    DeleteElements { set: String, keys: Vec<(WireKey, Owner)> },
+}
+
+/// One operation on one table, and who it is for.
+#[derive(Debug, Clone)]
+pub struct Op {
+    pub family: IpFamily,
+    pub table: String,
+    pub kind: OpKind,
+    pub owner: Owner,
+}
+
+impl Op {
+    /// The owners affected if this operation fails: the element owners for element operations,
+    /// the operation's owner otherwise.
+    pub fn owners(&self) -> Vec<Owner> {
+        match &self.kind {
+            OpKind::AddElements { elements, .. } => elements.iter().map(|(_, e)| e.owner.clone()).collect(),
+            OpKind::DeleteElements { keys, .. } => keys.iter().map(|(_, o)| o.clone()).collect(),
+            _ => vec![self.owner.clone()],
+        }
+    }
+}
+
+impl fmt::Display for Op {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let t = format!("{} {}", family_keyword(self.family), self.table);
+        match &self.kind {
+            OpKind::AddTable { .. } => write!(f, "add table {t}"),
+            OpKind::DeleteTable => write!(f, "delete table {t}"),
+            OpKind::AddChain { chain, .. } => write!(f, "add chain {t} {chain}"),
+            OpKind::FlushChain { chain } => write!(f, "flush chain {t} {chain}"),
+            OpKind::DeleteChain { chain } => write!(f, "delete chain {t} {chain}"),
+            OpKind::AddRule { chain, .. } => write!(f, "add rule {t} {chain}"),
+            OpKind::AddSet { set, .. } => write!(f, "add set {t} {set}"),
+            OpKind::DeleteSet { set } => write!(f, "delete set {t} {set}"),
+            OpKind::AddElements { set, elements } => {
+                write!(f, "add element {t} {set} ({} elements)", elements.len())
+            }
+            OpKind::DeleteElements { set, keys } => {
+                write!(f, "delete element {t} {set} ({} elements)", keys.len())
+            }
+        }
+    }
+}
+
+/// Operations to apply atomically, in order.
+#[derive(Debug, Clone, Default)]
+pub struct Transaction {
+    pub ops: Vec<Op>,
+}
+
+impl Transaction {
+    /// True when there is nothing to do.
+    pub fn is_empty(&self) -> bool {
+        self.ops.is_empty()
+    }
+
+    /// One line per operation (for logs and tests).
+    pub fn summary(&self) -> Vec<String> {
+        self.ops.iter().map(|op| op.to_string()).collect()
+    }
+}
+
+/// Operations turning `current` into `desired`. Tables of `current` missing from `desired` are
+/// deleted.
+pub fn diff(current: &WireRuleset, desired: &WireRuleset) -> Transaction {
+    let mut tx = Transaction::default();
+    for want in &desired.tables {
+        match current.tables.iter().find(|t| t.family == want.family && t.name == want.name) {
+            None => create_table(want, &mut tx),
+            Some(have) if needs_rebuild(have, want) => {
+                tx.ops.push(op(want, OpKind::DeleteTable, Owner::infrastructure()));
+                create_table(want, &mut tx);
+            }
+            Some(have) => diff_table(have, want, &mut tx),
+        }
+    }
+    for have in &current.tables {
+        if !desired.tables.iter().any(|t| t.family == have.family && t.name == have.name) {
+            tx.ops.push(op(have, OpKind::DeleteTable, Owner::infrastructure()));
+        }
+    }
+    tx
+}
+
+fn op(table: &WireTable, kind: OpKind, owner: Owner) -> Op {
+    Op { family: table.family, table: table.name.clone(), kind, owner }
+}
+
+/// Whether the table must be replaced as a whole (inside the same transaction): its comment or a
+/// chain's hook or comment changed, which the kernel cannot update in place.
+fn needs_rebuild(have: &WireTable, want: &WireTable) -> bool {
+    have.userdata != want.userdata
+        || want
+            .chains
+            .values()
+            .any(|c| have.chains.get(&c.name).is_some_and(|h| !h.same_spec(c)))
+}
+
+/// Everything for a table that does not exist yet.
+pub fn create_table(want: &WireTable, tx: &mut Transaction) {
+    tx.ops.push(op(
+        want,
+        OpKind::AddTable { flags: want.flags, userdata: want.userdata.clone() },
+        Owner::infrastructure(),
+    ));
+    for chain in want.chains.values() {
+        tx.ops.push(add_chain(want, chain));
+    }
+    for set in want.sets.values() {
+        add_set_with_elements(want, set, tx);
+    }
+    for chain in want.chains.values() {
+        add_rules(want, chain, tx);
+    }
+}
+
+fn add_chain(table: &WireTable, chain: &WireChain) -> Op {
+    op(
+        table,
+        OpKind::AddChain {
+            chain: chain.name.clone(),
+            hook: chain.hook.clone(),
+            userdata: chain.userdata.clone(),
+        },
+        chain.owner.clone(),
+    )
+}
+
+fn add_rules(table: &WireTable, chain: &WireChain, tx: &mut Transaction) {
+    for rule in &chain.rules {
+        tx.ops.push(op(
+            table,
+            OpKind::AddRule { chain: chain.name.clone(), rule: rule.clone() },
+            chain.owner.clone(),
+        ));
+    }
+}
+
+fn add_set_with_elements(table: &WireTable, set: &WireSet, tx: &mut Transaction) {
+    tx.ops.push(op(
+        table,
+        OpKind::AddSet { set: set.name.clone(), spec: set.spec.clone() },
+        set.owner.clone(),
+    ));
+    if !set.dynamic && !set.elements.is_empty() {
+        let elements = set.elements.iter().map(|(k, e)| (k.clone(), e.clone())).collect();
+        tx.ops.push(op(table, OpKind::AddElements { set: set.name.clone(), elements }, set.owner.clone()));
+    }
+}
+
+fn diff_table(have: &WireTable, want: &WireTable, tx: &mut Transaction) {
+    if have.flags != want.flags {
+        tx.ops.push(op(
+            want,
+            OpKind::AddTable { flags: want.flags, userdata: want.userdata.clone() },
+            Owner::infrastructure(),
+        ));
+    }
+
+    let recreated_sets: HashSet<&str> = want
+        .sets
+        .values()
+        .filter(|s| have.sets.get(&s.name).is_some_and(|h| h.spec != s.spec))
+        .map(|s| s.name.as_str())
+        .collect();
+
+    // Chains whose rules reference a recreated set must be rewritten, in the kernel's copy
+    // (to release the old set) and in ours (to bind the new one).
+    let referencing_recreated = |chain: &WireChain| chain.set_refs().any(|s| recreated_sets.contains(s));
+    let rewritten: Vec<&WireChain> = want
+        .chains
+        .values()
+        .filter(|c| match have.chains.get(&c.name) {
+            Some(h) => h.rules != c.rules || referencing_recreated(h) || referencing_recreated(c),
+            None => false,
+        })
+        .collect();
+    let new_chains: Vec<&WireChain> = want.chains.values().filter(|c| !have.chains.contains_key(&c.name)).collect();
+    let gone_chains: Vec<&WireChain> = have.chains.values().filter(|c| !want.chains.contains_key(&c.name)).collect();
+
+    // 1. New chains, empty, so elements and rules below can point at them.
+    for chain in &new_chains {
+        tx.ops.push(add_chain(want, chain));
+    }
+
+    // 2. Elements that go away or change, releasing the chains they point at.
+    let mut element_adds: Vec<(&WireSet, Vec<(WireKey, WireElement)>)> = Vec::new();
+    for set in want.sets.values() {
+        let Some(old) = have.sets.get(&set.name) else { continue };
+        if recreated_sets.contains(set.name.as_str()) || set.dynamic {
+            continue;
+        }
+        let (dels, adds) = diff_elements(&old.elements, &set.elements);
+        if !dels.is_empty() {
+            tx.ops.push(op(want, OpKind::DeleteElements { set: set.name.clone(), keys: dels }, set.owner.clone()));
+        }
+        if !adds.is_empty() {
+            element_adds.push((set, adds));
+        }
+    }
+
+    // 3. Flush chains that are rewritten or deleted: their rules release sets and chains.
+    for chain in rewritten.iter().chain(gone_chains.iter()) {
+        tx.ops.push(op(want, OpKind::FlushChain { chain: chain.name.clone() }, chain.owner.clone()));
+    }
+
+    // 4. Sets whose type changed are replaced, now that no rule uses them.
+    for name in want.sets.keys().filter(|n| recreated_sets.contains(n.as_str())) {
+        tx.ops.push(op(want, OpKind::DeleteSet { set: name.clone() }, want.sets[name].owner.clone()));
+    }
+
+    // 5. New and replaced sets with their elements; then new elements of kept sets.
+    for set in want.sets.values() {
+        if !have.sets.contains_key(&set.name) || recreated_sets.contains(set.name.as_str()) {
+            add_set_with_elements(want, set, tx);
+        }
+    }
+    for (set, adds) in element_adds {
+        tx.ops.push(op(want, OpKind::AddElements { set: set.name.clone(), elements: adds }, set.owner.clone()));
+    }
+
+    // 6. Rules of new and rewritten chains, in the desired chain order.
+    let rewritten_names: HashSet<&str> = rewritten.iter().map(|c| c.name.as_str()).collect();
+    for chain in want.chains.values() {
+        if !have.chains.contains_key(&chain.name) || rewritten_names.contains(chain.name.as_str()) {
+            add_rules(want, chain, tx);
+        }
+    }
+
+    // 7. Sets and chains nothing references any more.
+    for set in have.sets.values().filter(|s| !want.sets.contains_key(&s.name)) {
+        tx.ops.push(op(want, OpKind::DeleteSet { set: set.name.clone() }, set.owner.clone()));
+    }
+    for chain in gone_chains {
+        tx.ops.push(op(want, OpKind::DeleteChain { chain: chain.name.clone() }, chain.owner.clone()));
+    }
+}
+
+/// Element keys to delete (gone or changed) and elements to add (new or changed).
+fn diff_elements(
+    have: &BTreeMap<WireKey, WireElement>,
+    want: &BTreeMap<WireKey, WireElement>,
+) -> (Vec<(WireKey, Owner)>, Vec<(WireKey, WireElement)>) {
+    let mut dels = Vec::new();
+    let mut adds = Vec::new();
+    for (key, old) in have {
+        match want.get(key) {
+            Some(new) if new.same_content(old) => {}
+            Some(new) => dels.push((key.clone(), new.owner.clone())),
+            None => dels.push((key.clone(), old.owner.clone())),
+        }
+    }
+    for (key, new) in want {
+        match have.get(key) {
+            Some(old) if old.same_content(new) => {}
+            _ => adds.push((key.clone(), new.clone())),
+        }
+    }
+    (dels, adds)
+}

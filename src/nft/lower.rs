@@ -1,0 +1,610 @@
+//! Turns the desired ruleset into kernel objects: the same expressions, registers, key bytes and
+//! userdata nft 1.0.6 would produce for the same nft text, so `nft list ruleset` decompiles our
+//! tables exactly as [`super::render`] prints them.
+
+use std::collections::BTreeMap;
+use std::net::IpAddr;
+
+use ipnet::IpNet;
+
+use super::ast::*;
+use super::wire::consts::*;
+use super::wire::*;
+use crate::net::IpFamily;
+
+/// Lowers every table.
+pub fn lower_ruleset(ruleset: &Ruleset) -> WireRuleset {
+    WireRuleset { tables: ruleset.tables.iter().map(lower_table).collect() }
+}
+
+/// Lowers one table.
+pub fn lower_table(table: &Table) -> WireTable {
+    WireTable {
+        family: table.family,
+        name: table.name.clone(),
+        flags: 0,
+        userdata: table.comment.as_deref().map(udata::comment),
+        sets: table.sets.values().map(|s| (s.name.clone(), lower_set(s))).collect(),
+        chains: table.chains.values().map(|c| (c.name.clone(), lower_chain(c))).collect(),
+    }
+}
+
+/// Lowers one chain and its rules.
+pub fn lower_chain(chain: &Chain) -> WireChain {
+    WireChain {
+        name: chain.name.clone(),
+        hook: chain.base.map(|b| WireHook {
+            hooknum: b.hook.number(),
+            priority: b.priority,
+            chain_type: b.chain_type.name().to_string(),
+            policy: POLICY_ACCEPT,
+        }),
+        userdata: chain.comment.as_deref().map(udata::comment),
+        rules: chain.rules.iter().map(lower_rule).collect(),
+        owner: chain.owner.clone(),
+    }
+}
+
+/// Lowers one rule.
+pub fn lower_rule(rule: &Rule) -> WireRule {
+    let mut exprs = Vec::with_capacity(rule.stmts.len() * 3);
+    for stmt in &rule.stmts {
+        lower_stmt(stmt, &mut exprs);
+    }
+    WireRule { exprs, userdata: rule.comment.as_deref().map(udata::comment) }
+}
+
+/// Where a selector lives and how wide it is.
+fn selector_load(sel: Selector, dreg: u32) -> (LowExpr, usize) {
+    let payload = |base, offset, len: u32| LowExpr::Payload { base, offset, len, dreg };
+    match sel {
+        Selector::Saddr(IpFamily::V4) => (payload(PayloadBase::Network, 12, 4), 4),
+        Selector::Daddr(IpFamily::V4) => (payload(PayloadBase::Network, 16, 4), 4),
+        Selector::Saddr(IpFamily::V6) => (payload(PayloadBase::Network, 8, 16), 16),
+        Selector::Daddr(IpFamily::V6) => (payload(PayloadBase::Network, 24, 16), 16),
+        Selector::Dport => (payload(PayloadBase::Transport, 2, 2), 2),
+        Selector::L4Proto => (LowExpr::Meta { key: META_L4PROTO, dreg }, 1),
+        Selector::Mark => (LowExpr::Meta { key: META_MARK, dreg }, 4),
+        Selector::Iifname => (LowExpr::Meta { key: META_IIFNAME, dreg }, 16),
+    }
+}
+
+/// Loads a (possibly concatenated) key into consecutive registers starting at `reg 1`, each
+/// field padded to 32 bits, as nft does. Returns the first register.
+fn load_concat(key: &[Selector], out: &mut Vec<LowExpr>) -> u32 {
+    let mut word = 0u32;
+    for sel in key {
+        let (load, len) = selector_load(*sel, register_for_word(word));
+        out.push(load);
+        word += u32::try_from(len.div_ceil(4)).unwrap_or(4);
+    }
+    REG_1
+}
+
+fn verdict_expr(v: &Verdict) -> LowExpr {
+    let (code, chain) = verdict_code(v);
+    LowExpr::Verdict { code, chain }
+}
+
+/// The kernel's verdict code and chain for a verdict.
+pub fn verdict_code(v: &Verdict) -> (i32, Option<String>) {
+    match v {
+        Verdict::Accept => (VERDICT_ACCEPT, None),
+        Verdict::Drop => (VERDICT_DROP, None),
+        Verdict::Return => (VERDICT_RETURN, None),
+        Verdict::Jump(c) => (VERDICT_JUMP, Some(c.clone())),
+        Verdict::Goto(c) => (VERDICT_GOTO, Some(c.clone())),
+    }
+}
+
+fn cmp_op(op: CmpOp) -> u32 {
+    match op {
+        CmpOp::Eq => CMP_EQ,
+        CmpOp::Ne => CMP_NEQ,
+    }
+}
+
+fn addr_bytes(addr: &IpAddr) -> Vec<u8> {
+    match addr {
+        IpAddr::V4(a) => a.octets().to_vec(),
+        IpAddr::V6(a) => a.octets().to_vec(),
+    }
+}
+
+fn lower_stmt(stmt: &Stmt, out: &mut Vec<LowExpr>) {
+    match stmt {
+        Stmt::Cmp { sel, op, value } => lower_cmp(*sel, *op, value, out),
+        Stmt::MarkBitsEq { mask, value } => {
+            out.push(LowExpr::Meta { key: META_MARK, dreg: REG_1 });
+            out.push(LowExpr::Bitwise {
+                sreg: REG_1,
+                dreg: REG_1,
+                len: 4,
+                mask: mask.to_ne_bytes().to_vec(),
+                xor: 0u32.to_ne_bytes().to_vec(),
+            });
+            out.push(LowExpr::Cmp { sreg: REG_1, op: CMP_EQ, data: value.to_ne_bytes().to_vec() });
+        }
+        Stmt::CtStateNew => lower_ct_bits(CT_STATE, CT_STATE_NEW, out),
+        Stmt::CtStatusDnat => lower_ct_bits(CT_STATUS, CT_STATUS_DNAT, out),
+        Stmt::FibLocal(addr) => {
+            let flags = match addr {
+                FibAddr::Saddr => FIB_F_SADDR,
+                FibAddr::Daddr => FIB_F_DADDR,
+            };
+            out.push(LowExpr::Fib { dreg: REG_1, result: FIB_RESULT_ADDRTYPE, flags });
+            out.push(LowExpr::Cmp { sreg: REG_1, op: CMP_EQ, data: RTN_LOCAL.to_ne_bytes().to_vec() });
+        }
+        Stmt::Lookup { key, set, negate } => {
+            let sreg = load_concat(key, out);
+            let flags = if *negate { LOOKUP_F_INV } else { 0 };
+            out.push(LowExpr::Lookup { sreg, dreg: None, set: set.clone(), flags });
+        }
+        Stmt::Vmap { key, map } => {
+            let sreg = load_concat(key, out);
+            out.push(LowExpr::Lookup { sreg, dreg: Some(REG_VERDICT), set: map.clone(), flags: 0 });
+        }
+        Stmt::NumgenVmap { modulus, map } => {
+            out.push(numgen(*modulus));
+            out.push(LowExpr::Lookup { sreg: REG_1, dreg: Some(REG_VERDICT), set: map.clone(), flags: 0 });
+        }
+        Stmt::MarkOr(bits) => lower_mark_set(!bits, *bits, out),
+        Stmt::MarkXor(bits) => lower_mark_set(u32::MAX, *bits, out),
+        Stmt::UpdateSet { set, key } => {
+            let (load, _) = selector_load(*key, REG_1);
+            out.push(load);
+            out.push(LowExpr::Dynset { op: DYNSET_OP_UPDATE, sreg_key: REG_1, set: set.clone() });
+        }
+        Stmt::Masquerade { fully_random } => {
+            let flags = if *fully_random { NAT_RANGE_PROTO_RANDOM_FULLY } else { 0 };
+            out.push(LowExpr::Masq { flags });
+        }
+        Stmt::Reject(family) => {
+            let code = match family {
+                IpFamily::V4 => ICMP_PORT_UNREACH,
+                IpFamily::V6 => ICMPV6_PORT_UNREACH,
+            };
+            out.push(LowExpr::Reject { kind: REJECT_ICMP_UNREACH, code });
+        }
+        Stmt::Dnat { addr, port } => {
+            out.push(LowExpr::Immediate { dreg: REG_1, data: addr_bytes(addr) });
+            out.push(LowExpr::Immediate { dreg: REG_1 + 1, data: port.to_be_bytes().to_vec() });
+            out.push(LowExpr::Nat {
+                kind: NAT_DNAT,
+                family: nfproto(IpFamily::of(addr)),
+                reg_addr: Some(REG_1),
+                reg_proto: Some(REG_1 + 1),
+                // nft also sends PROTO_SPECIFIED here; the kernel implies it (and MAP_IPS) from
+                // the registers and echoes both, so the normal form leaves implied flags out.
+                flags: 0,
+            });
+        }
+        Stmt::DnatNumgenMap { family, modulus, map } => {
+            out.push(numgen(*modulus));
+            out.push(LowExpr::Lookup { sreg: REG_1, dreg: Some(REG_1), set: map.clone(), flags: 0 });
+            let addr_words = match family {
+                IpFamily::V4 => 1,
+                IpFamily::V6 => 4,
+            };
+            out.push(LowExpr::Nat {
+                kind: NAT_DNAT,
+                family: nfproto(*family),
+                reg_addr: Some(REG_1),
+                reg_proto: Some(register_for_word(addr_words)),
+                flags: 0,
+            });
+        }
+        Stmt::Verdict(v) => out.push(verdict_expr(v)),
+    }
+}
+
+fn numgen(modulus: u32) -> LowExpr {
+    LowExpr::Numgen { dreg: REG_1, modulus, kind: NG_RANDOM, offset: 0 }
+}
+
+/// `NFPROTO_IPV4` / `NFPROTO_IPV6`.
+pub fn nfproto(family: IpFamily) -> u32 {
+    match family {
+        IpFamily::V4 => 2,
+        IpFamily::V6 => 10,
+    }
+}
+
+fn lower_ct_bits(key: u32, bits: u32, out: &mut Vec<LowExpr>) {
+    out.push(LowExpr::Ct { key, dreg: REG_1 });
+    out.push(LowExpr::Bitwise {
+        sreg: REG_1,
+        dreg: REG_1,
+        len: 4,
+        mask: bits.to_ne_bytes().to_vec(),
+        xor: 0u32.to_ne_bytes().to_vec(),
+    });
+    out.push(LowExpr::Cmp { sreg: REG_1, op: CMP_NEQ, data: 0u32.to_ne_bytes().to_vec() });
+}
+
+fn lower_mark_set(mask: u32, xor: u32, out: &mut Vec<LowExpr>) {
+    out.push(LowExpr::Meta { key: META_MARK, dreg: REG_1 });
+    out.push(LowExpr::Bitwise {
+        sreg: REG_1,
+        dreg: REG_1,
+        len: 4,
+        mask: mask.to_ne_bytes().to_vec(),
+        xor: xor.to_ne_bytes().to_vec(),
+    });
+    out.push(LowExpr::MetaSet { key: META_MARK, sreg: REG_1 });
+}
+
+fn lower_cmp(sel: Selector, op: CmpOp, value: &Value, out: &mut Vec<LowExpr>) {
+    let (load, len) = selector_load(sel, REG_1);
+    match value {
+        Value::Prefix(net) if net.prefix_len() < net.max_prefix_len() => {
+            lower_prefix_cmp(load, net, op, out);
+        }
+        Value::Ifname(name) => {
+            out.push(load);
+            let data = match name.strip_suffix('*') {
+                Some(prefix) => prefix.as_bytes().to_vec(),
+                None => {
+                    let mut d = name.as_bytes().to_vec();
+                    d.resize(len.max(d.len()), 0);
+                    d
+                }
+            };
+            out.push(LowExpr::Cmp { sreg: REG_1, op: cmp_op(op), data });
+        }
+        other => {
+            out.push(load);
+            out.push(LowExpr::Cmp { sreg: REG_1, op: cmp_op(op), data: value_bytes(other, len) });
+        }
+    }
+}
+
+/// `ip saddr != 10.0.0.0/8`: nft shortens the load to whole bytes of the prefix, or loads the
+/// whole address and masks it when the prefix is not byte-aligned.
+fn lower_prefix_cmp(load: LowExpr, net: &IpNet, op: CmpOp, out: &mut Vec<LowExpr>) {
+    let network = addr_bytes(&net.network());
+    let bits = usize::from(net.prefix_len());
+    let LowExpr::Payload { base, offset, len, dreg } = load else {
+        out.push(load);
+        return;
+    };
+    if bits % 8 == 0 {
+        let bytes = bits / 8;
+        out.push(LowExpr::Payload { base, offset, len: u32::try_from(bytes).unwrap_or(len), dreg });
+        out.push(LowExpr::Cmp { sreg: REG_1, op: cmp_op(op), data: network[..bytes].to_vec() });
+    } else {
+        out.push(LowExpr::Payload { base, offset, len, dreg });
+        let mask = addr_bytes(&net.netmask());
+        out.push(LowExpr::Bitwise {
+            sreg: REG_1,
+            dreg: REG_1,
+            len,
+            mask,
+            xor: vec![0; network.len()],
+        });
+        out.push(LowExpr::Cmp { sreg: REG_1, op: cmp_op(op), data: network });
+    }
+}
+
+/// The bytes of a value in a register of `len` bytes (network order for packet fields).
+fn value_bytes(value: &Value, len: usize) -> Vec<u8> {
+    match value {
+        Value::Addr(a) => addr_bytes(a),
+        Value::Prefix(p) => addr_bytes(&p.addr()),
+        Value::Proto(p) => vec![p.number()],
+        Value::Port(p) => p.to_be_bytes().to_vec(),
+        Value::Index(i) => i.to_ne_bytes().to_vec(),
+        Value::Ifname(n) => {
+            let mut d = n.as_bytes().to_vec();
+            d.resize(len, 0);
+            d
+        }
+    }
+}
+
+/// A field of a concatenated key: value bytes padded to 32 bits.
+fn push_field(buf: &mut Vec<u8>, value: &Value) {
+    let bytes = match value {
+        Value::Index(i) => i.to_ne_bytes().to_vec(),
+        other => value_bytes(other, 0),
+    };
+    buf.extend_from_slice(&bytes);
+    buf.resize(buf.len().div_ceil(4) * 4, 0);
+}
+
+fn concat_bytes(values: &[Value]) -> Vec<u8> {
+    let mut buf = Vec::with_capacity(values.len() * 8);
+    for v in values {
+        push_field(&mut buf, v);
+    }
+    buf
+}
+
+/// Set attributes per shape, exactly as nft 1.0.6 sends them.
+pub fn set_spec(shape: SetShape, timeout_secs: Option<u32>, comment: Option<&str>) -> WireSetSpec {
+    let addr_type = |fam: IpFamily| match fam {
+        IpFamily::V4 => (TYPE_IPADDR, 4),
+        IpFamily::V6 => (TYPE_IP6ADDR, 16),
+    };
+    let concat = |types: &[u32]| types.iter().fold(0, |acc, t| (acc << 6) | t);
+    let (flags, key_type, key_len, data_type, data_len, mut ud) = match shape {
+        SetShape::Addresses(fam) => {
+            let (t, l) = addr_type(fam);
+            (0, t, l, None, 0, udata_prefix::BIG_ENDIAN_KEY.to_vec())
+        }
+        SetShape::Prefixes(fam) => {
+            let (t, l) = addr_type(fam);
+            (SET_INTERVAL, t, l, None, 0, udata_prefix::BIG_ENDIAN_KEY.to_vec())
+        }
+        SetShape::Affinity(fam) => {
+            let (t, l) = addr_type(fam);
+            (SET_TIMEOUT | SET_EVAL, t, l, None, 0, udata_prefix::BIG_ENDIAN_KEY.to_vec())
+        }
+        SetShape::AddressPairs(fam) => {
+            let (t, l) = addr_type(fam);
+            (0, concat(&[t, t]), 2 * l, None, 0, udata_prefix::CONCAT_KEY.to_vec())
+        }
+        SetShape::ServiceVerdicts(fam) => {
+            let (t, l) = addr_type(fam);
+            let key = concat(&[t, TYPE_INET_PROTOCOL, TYPE_INET_SERVICE]);
+            (SET_MAP, key, l + 8, Some(DATA_VERDICT), 0, udata_prefix::CONCAT_VERDICT_MAP.to_vec())
+        }
+        SetShape::PortVerdicts => {
+            let key = concat(&[TYPE_INET_PROTOCOL, TYPE_INET_SERVICE]);
+            (SET_MAP, key, 8, Some(DATA_VERDICT), 0, udata_prefix::CONCAT_VERDICT_MAP.to_vec())
+        }
+        SetShape::EndpointTargets(fam) => {
+            let (t, l) = addr_type(fam);
+            let blob = match fam {
+                IpFamily::V4 => udata_prefix::NUMGEN_TO_IP_DPORT,
+                IpFamily::V6 => udata_prefix::NUMGEN_TO_IP6_DPORT,
+            };
+            let data = concat(&[t, TYPE_INET_SERVICE]);
+            (SET_MAP, TYPE_INTEGER, 4, Some(data), l + 4, hex(blob))
+        }
+        SetShape::EndpointChains => (
+            SET_MAP,
+            TYPE_INTEGER,
+            4,
+            Some(DATA_VERDICT),
+            0,
+            hex(udata_prefix::NUMGEN_TO_VERDICT),
+        ),
+    };
+    if let Some(c) = comment {
+        udata::put_str(&mut ud, udata::SET_COMMENT, c);
+    }
+    WireSetSpec {
+        flags,
+        key_type,
+        key_len,
+        data_type,
+        data_len,
+        timeout_ms: timeout_secs.map(|t| u64::from(t) * 1000),
+        userdata: Some(ud),
+    }
+}
+
+/// The set userdata nft writes for each shape, before the comment. Byte order TLVs tell nft how
+/// to print keys; the `typeof` nests (nft expression ids and their private udata) let it print
+/// `typeof numgen random mod 1 : ip daddr . th dport` instead of raw integers.
+mod udata_prefix {
+    /// KEYBYTEORDER = big endian.
+    pub const BIG_ENDIAN_KEY: [u8; 6] = [0, 4, 2, 0, 0, 0];
+    /// KEYBYTEORDER = 0, KEY_TYPEOF = concat with no typeof data.
+    pub const CONCAT_KEY: [u8; 16] = [0, 4, 0, 0, 0, 0, 3, 8, 0, 4, 0x0d, 0, 0, 0, 1, 0];
+    /// KEYBYTEORDER, DATABYTEORDER, KEY_TYPEOF concat, DATA_INTERVAL = 0.
+    pub const CONCAT_VERDICT_MAP: [u8; 28] = [
+        0, 4, 0, 0, 0, 0, 1, 4, 0, 0, 0, 0, 3, 8, 0, 4, 0x0d, 0, 0, 0, 1, 0, 6, 4, 0, 0, 0, 0,
+    ];
+    /// `typeof numgen random mod 1 : ip daddr . th dport`
+    pub const NUMGEN_TO_IP_DPORT: &str = "000401000000010400000000031a0004170000000112000401000000010401000000020400000000043400040d000000012c0014000407000000010c00040c00000001040c0000000114000407000000010c00040b000000010402000000060400000000";
+    /// `typeof numgen random mod 1 : ip6 daddr . th dport`
+    pub const NUMGEN_TO_IP6_DPORT: &str = "000401000000010400000000031a0004170000000112000401000000010401000000020400000000043400040d000000012c0014000407000000010c00040d0000000104090000000114000407000000010c00040b000000010402000000060400000000";
+    /// `typeof numgen random mod 1 : verdict`
+    pub const NUMGEN_TO_VERDICT: &str = "000401000000010400000000031a000417000000011200040100000001040100000002040000000004080004010000000100060400000000";
+}
+
+fn hex(s: &str) -> Vec<u8> {
+    (0..s.len())
+        .step_by(2)
+        .filter_map(|i| u8::from_str_radix(s.get(i..i + 2)?, 16).ok())
+        .collect()
+}
+
+/// Lowers one set and its elements.
+pub fn lower_set(set: &Set) -> WireSet {
+    let spec = set_spec(set.shape, set.timeout_secs, set.comment.as_deref());
+    let mut elements = BTreeMap::new();
+    match set.shape {
+        SetShape::Affinity(_) => {}
+        SetShape::Prefixes(fam) => {
+            for (key, element) in interval_elements(fam, set) {
+                elements.insert(key, element);
+            }
+        }
+        _ => {
+            for (key, element) in &set.elements {
+                elements.insert(
+                    WireKey { bytes: concat_bytes(key), interval_end: false },
+                    lower_element(element),
+                );
+            }
+        }
+    }
+    WireSet {
+        name: set.name.clone(),
+        spec,
+        elements,
+        dynamic: matches!(set.shape, SetShape::Affinity(_)),
+        owner: set.owner.clone(),
+    }
+}
+
+/// One element's data and comment.
+pub fn lower_element(element: &Element) -> WireElement {
+    let data = match &element.data {
+        ElementData::None => WireData::None,
+        ElementData::Verdict(v) => {
+            let (code, chain) = verdict_code(v);
+            WireData::Verdict { code, chain }
+        }
+        ElementData::Values(values) => WireData::Bytes(concat_bytes(values)),
+    };
+    WireElement {
+        data,
+        userdata: element.comment.as_deref().map(udata::comment),
+        owner: element.owner.clone(),
+    }
+}
+
+/// Interval sets as nft encodes them for the kernel's rbtree: each range becomes a start element
+/// and an end element one past its last address (flagged `INTERVAL_END`), and a leading end
+/// element at the zero address opens the tree when the first range starts above it.
+fn interval_elements(family: IpFamily, set: &Set) -> Vec<(WireKey, WireElement)> {
+    let mut ranges: Vec<(u128, u128, &Element)> = set
+        .elements
+        .iter()
+        .filter_map(|(key, element)| match key.first() {
+            Some(Value::Prefix(net)) => Some((net, element)),
+            _ => None,
+        })
+        .map(|(net, element)| {
+            let (start, end) = match net {
+                IpNet::V4(n) => (u128::from(u32::from(n.network())), u128::from(u32::from(n.broadcast()))),
+                IpNet::V6(n) => (u128::from(n.network()), u128::from(n.broadcast())),
+            };
+            (start, end, element)
+        })
+        .collect();
+    ranges.sort_by_key(|r| r.0);
+    let max = match family {
+        IpFamily::V4 => u128::from(u32::MAX),
+        IpFamily::V6 => u128::MAX,
+    };
+    let to_bytes = |v: u128| -> Vec<u8> {
+        match family {
+            IpFamily::V4 => u32::try_from(v).unwrap_or(u32::MAX).to_be_bytes().to_vec(),
+            IpFamily::V6 => v.to_be_bytes().to_vec(),
+        }
+    };
+    let infra = |owner: &Owner| WireElement { data: WireData::None, userdata: None, owner: owner.clone() };
+    let mut out = Vec::new();
+    if let Some((start, _, _)) = ranges.first() {
+        if *start != 0 {
+            out.push((WireKey { bytes: to_bytes(0), interval_end: true }, infra(&set.owner)));
+        }
+    }
+    for (start, end, element) in ranges {
+        out.push((WireKey { bytes: to_bytes(start), interval_end: false }, lower_element(element)));
+        if end < max {
+            out.push((WireKey { bytes: to_bytes(end + 1), interval_end: true }, infra(&element.owner)));
+        }
+    }
+    out
+}
+
+/// Encodes a key the way elements of `shape` are keyed (used to address single elements).
+pub fn encode_key(values: &[Value]) -> Vec<u8> {
+    concat_bytes(values)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::net::L4Proto;
+
+    fn owner() -> Owner {
+        Owner::infrastructure()
+    }
+
+    #[test]
+    fn concatenated_keys_pad_each_field() {
+        let key = encode_key(&[
+            Value::Addr("172.30.0.41".parse().unwrap()),
+            Value::Proto(L4Proto::Tcp),
+            Value::Port(80),
+        ]);
+        assert_eq!(key, vec![172, 30, 0, 41, 6, 0, 0, 0, 0, 80, 0, 0]);
+    }
+
+    #[test]
+    fn service_map_spec_matches_nft() {
+        let spec = set_spec(SetShape::ServiceVerdicts(IpFamily::V4), None, None);
+        assert_eq!(spec.key_type, 0x730d);
+        assert_eq!(spec.key_len, 12);
+        assert_eq!(spec.data_type, Some(DATA_VERDICT));
+        let v6 = set_spec(SetShape::ServiceVerdicts(IpFamily::V6), None, None);
+        assert_eq!(v6.key_type, 0x830d);
+        assert_eq!(v6.key_len, 24);
+        let targets = set_spec(SetShape::EndpointTargets(IpFamily::V4), None, None);
+        assert_eq!((targets.data_type, targets.data_len), (Some(0x1cd), 8));
+        assert_eq!(targets.userdata.as_ref().map(Vec::len), Some(100));
+    }
+
+    #[test]
+    fn set_comment_follows_the_shape_udata() {
+        let spec = set_spec(SetShape::Addresses(IpFamily::V4), None, Some("Active ClusterIPs"));
+        let expected = hex("000402000000071241637469766520436c757374657249507300");
+        assert_eq!(spec.userdata, Some(expected));
+    }
+
+    #[test]
+    fn prefixes_match_what_nft_emits() {
+        let rule = Rule::new(vec![Stmt::Cmp {
+            sel: Selector::Saddr(IpFamily::V4),
+            op: CmpOp::Ne,
+            value: Value::Prefix("10.96.0.0/12".parse().unwrap()),
+        }]);
+        let exprs = lower_rule(&rule).exprs;
+        assert_eq!(exprs.len(), 3);
+        assert!(matches!(&exprs[1], LowExpr::Bitwise { mask, .. } if mask == &vec![255, 240, 0, 0]));
+        let aligned = Rule::new(vec![Stmt::Cmp {
+            sel: Selector::Saddr(IpFamily::V4),
+            op: CmpOp::Ne,
+            value: Value::Prefix("10.244.0.0/16".parse().unwrap()),
+        }]);
+        let exprs = lower_rule(&aligned).exprs;
+        assert_eq!(exprs[0], LowExpr::Payload { base: PayloadBase::Network, offset: 12, len: 2, dreg: 1 });
+        assert_eq!(exprs[1], LowExpr::Cmp { sreg: 1, op: CMP_NEQ, data: vec![10, 244] });
+    }
+
+    #[test]
+    fn service_dispatch_loads_three_registers() {
+        let rule = Rule::new(vec![Stmt::Vmap {
+            key: vec![Selector::Daddr(IpFamily::V6), Selector::L4Proto, Selector::Dport],
+            map: "service-ips".into(),
+        }]);
+        let regs: Vec<u32> = lower_rule(&rule)
+            .exprs
+            .iter()
+            .filter_map(|e| match e {
+                LowExpr::Payload { dreg, .. } | LowExpr::Meta { dreg, .. } => Some(*dreg),
+                _ => None,
+            })
+            .collect();
+        // ip6 daddr fills words 0-3, so l4proto lands at word 4 (`reg 2`) and dport at word 5.
+        assert_eq!(regs, vec![1, 2, 13]);
+    }
+
+    #[test]
+    fn interval_sets_encode_rbtree_ranges() {
+        let mut set = Set::new("cidrs", SetShape::Prefixes(IpFamily::V4), owner());
+        for p in ["10.244.0.0/16", "192.168.0.0/16"] {
+            set.insert(vec![Value::Prefix(p.parse().unwrap())], Element::key_only(owner()));
+        }
+        let wire = lower_set(&set);
+        let keys: Vec<(Vec<u8>, bool)> =
+            wire.elements.keys().map(|k| (k.bytes.clone(), k.interval_end)).collect();
+        assert_eq!(
+            keys,
+            vec![
+                (vec![0, 0, 0, 0], true),
+                (vec![10, 244, 0, 0], false),
+                (vec![10, 245, 0, 0], true),
+                (vec![192, 168, 0, 0], false),
+                (vec![192, 169, 0, 0], true),
+            ]
+        );
+    }
+}

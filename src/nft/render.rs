@@ -1,0 +1,346 @@
+//! nft text for a [`Ruleset`], in the layout `nft list ruleset` (nft 1.0.x) prints.
+//!
+//! The output is valid `nft -f` input. Tests compare it with the kernel's listing after
+//! [`super::canonical::canonicalize`], which only forgives what nft itself varies: the order of
+//! chains and sets (creation order) and the order and wrapping of set elements (hash order).
+
+use std::fmt::{self, Display, Write};
+use std::net::IpAddr;
+
+use super::ast::*;
+use crate::net::IpFamily;
+
+impl Display for Ruleset {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for table in &self.tables {
+            write!(f, "{table}")?;
+        }
+        Ok(())
+    }
+}
+
+impl Display for Table {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        writeln!(f, "table {} {} {{", family_keyword(self.family), self.name)?;
+        if let Some(c) = &self.comment {
+            writeln!(f, "\tcomment {}", quoted(c))?;
+        }
+        let mut first = true;
+        for set in self.sets.values() {
+            if !first {
+                writeln!(f)?;
+            }
+            first = false;
+            write_set(f, set)?;
+        }
+        for chain in self.chains.values() {
+            if !first {
+                writeln!(f)?;
+            }
+            first = false;
+            write_chain(f, chain)?;
+        }
+        writeln!(f, "}}")
+    }
+}
+
+/// nft's family keyword for a table of this IP family.
+pub fn family_keyword(family: IpFamily) -> &'static str {
+    match family {
+        IpFamily::V4 => "ip",
+        IpFamily::V6 => "ip6",
+    }
+}
+
+fn quoted(s: &str) -> String {
+    format!("\"{s}\"")
+}
+
+fn write_set(f: &mut fmt::Formatter<'_>, set: &Set) -> fmt::Result {
+    let keyword = if set.shape.is_map() { "map" } else { "set" };
+    writeln!(f, "\t{keyword} {} {{", set.name)?;
+    writeln!(f, "\t\t{}", shape_declaration(set.shape))?;
+    if let SetShape::Affinity(_) = set.shape {
+        // The kernel gives dynamic sets a default size, and nft lists it.
+        writeln!(f, "\t\tsize 65535")?;
+        writeln!(f, "\t\tflags dynamic,timeout")?;
+    }
+    if let SetShape::Prefixes(_) = set.shape {
+        writeln!(f, "\t\tflags interval")?;
+    }
+    if let Some(t) = set.timeout_secs {
+        writeln!(f, "\t\ttimeout {}", duration(u64::from(t) * 1000))?;
+    }
+    if let Some(c) = &set.comment {
+        writeln!(f, "\t\tcomment {}", quoted(c))?;
+    }
+    if !set.elements.is_empty() {
+        write!(f, "\t\telements = {{ ")?;
+        for (i, (key, element)) in set.elements.iter().enumerate() {
+            if i > 0 {
+                write!(f, ",\n\t\t\t     ")?;
+            }
+            write!(f, "{}", element_text(key, element))?;
+        }
+        writeln!(f, " }}")?;
+    }
+    writeln!(f, "\t}}")
+}
+
+/// One element as nft prints it: `key [comment "…"] [: data]`.
+pub fn element_text(key: &[Value], element: &Element) -> String {
+    let mut s = concat_values(key);
+    if let Some(c) = &element.comment {
+        let _ = write!(s, " comment {}", quoted(c));
+    }
+    match &element.data {
+        ElementData::None => {}
+        ElementData::Verdict(v) => {
+            let _ = write!(s, " : {v}");
+        }
+        ElementData::Values(values) => {
+            let _ = write!(s, " : {}", concat_values(values));
+        }
+    }
+    s
+}
+
+fn concat_values(values: &[Value]) -> String {
+    values.iter().map(|v| v.to_string()).collect::<Vec<_>>().join(" . ")
+}
+
+/// The `type …` / `typeof …` line of a set of this shape.
+pub fn shape_declaration(shape: SetShape) -> String {
+    let addr = |fam: IpFamily| match fam {
+        IpFamily::V4 => "ipv4_addr",
+        IpFamily::V6 => "ipv6_addr",
+    };
+    match shape {
+        SetShape::Addresses(fam) | SetShape::Prefixes(fam) | SetShape::Affinity(fam) => {
+            format!("type {}", addr(fam))
+        }
+        SetShape::AddressPairs(fam) => format!("type {0} . {0}", addr(fam)),
+        SetShape::ServiceVerdicts(fam) => {
+            format!("type {} . inet_proto . inet_service : verdict", addr(fam))
+        }
+        SetShape::PortVerdicts => "type inet_proto . inet_service : verdict".to_string(),
+        SetShape::EndpointTargets(fam) => {
+            format!("typeof numgen random mod 1 : {} daddr . th dport", family_keyword(fam))
+        }
+        SetShape::EndpointChains => "typeof numgen random mod 1 : verdict".to_string(),
+    }
+}
+
+/// A duration in nft's notation (`3h`, `3h1s`, `500ms`).
+pub fn duration(ms: u64) -> String {
+    if ms == 0 {
+        return "0s".to_string();
+    }
+    let mut out = String::new();
+    let mut rest = ms;
+    for (unit, len) in [("d", 86_400_000), ("h", 3_600_000), ("m", 60_000), ("s", 1000), ("ms", 1)] {
+        let n = rest / len;
+        if n > 0 {
+            let _ = write!(out, "{n}{unit}");
+            rest -= n * len;
+        }
+    }
+    out
+}
+
+fn write_chain(f: &mut fmt::Formatter<'_>, chain: &Chain) -> fmt::Result {
+    writeln!(f, "\tchain {} {{", chain.name)?;
+    if let Some(c) = &chain.comment {
+        writeln!(f, "\t\tcomment {}", quoted(c))?;
+    }
+    if let Some(base) = &chain.base {
+        writeln!(
+            f,
+            "\t\ttype {} hook {} priority {}; policy accept;",
+            base.chain_type.name(),
+            base.hook.name(),
+            priority_text(base.hook, base.priority)
+        )?;
+    }
+    for rule in &chain.rules {
+        writeln!(f, "\t\t{rule}")?;
+    }
+    writeln!(f, "\t}}")
+}
+
+/// A base chain priority as nft prints it: a standard name (`dstnat`, `filter`), a name with a
+/// small offset (`dstnat - 10`), or the number.
+pub fn priority_text(hook: Hook, priority: i32) -> String {
+    // nft 1.0.x's standard priorities for ip/ip6 tables; dstnat and srcnat only name
+    // priorities at their own hooks.
+    let standard: [(&str, i32, Option<Hook>); 6] = [
+        ("raw", -300, None),
+        ("mangle", -150, None),
+        ("dstnat", -100, Some(Hook::Prerouting)),
+        ("filter", 0, None),
+        ("security", 50, None),
+        ("srcnat", 100, Some(Hook::Postrouting)),
+    ];
+    for (name, value, only) in standard {
+        if only.is_some_and(|h| h != hook) {
+            continue;
+        }
+        let offset = priority - value;
+        if offset == 0 {
+            return name.to_string();
+        }
+        if (-10..=10).contains(&offset) {
+            let sign = if offset < 0 { '-' } else { '+' };
+            return format!("{name} {sign} {}", offset.abs());
+        }
+    }
+    priority.to_string()
+}
+
+impl Display for Rule {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let parts: Vec<String> = self.stmts.iter().map(|s| s.to_string()).collect();
+        f.write_str(&parts.join(" "))?;
+        if let Some(c) = &self.comment {
+            write!(f, " comment {}", quoted(c))?;
+        }
+        Ok(())
+    }
+}
+
+impl Display for Selector {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Selector::Saddr(fam) => write!(f, "{} saddr", family_keyword(*fam)),
+            Selector::Daddr(fam) => write!(f, "{} daddr", family_keyword(*fam)),
+            Selector::L4Proto => f.write_str("meta l4proto"),
+            Selector::Dport => f.write_str("th dport"),
+            Selector::Mark => f.write_str("meta mark"),
+            Selector::Iifname => f.write_str("iifname"),
+        }
+    }
+}
+
+fn concat_selectors(key: &[Selector]) -> String {
+    key.iter().map(|s| s.to_string()).collect::<Vec<_>>().join(" . ")
+}
+
+impl Display for Value {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Value::Addr(a) => write!(f, "{a}"),
+            Value::Prefix(p) => {
+                if p.prefix_len() == p.max_prefix_len() {
+                    write!(f, "{}", p.addr())
+                } else {
+                    write!(f, "{}/{}", p.network(), p.prefix_len())
+                }
+            }
+            Value::Proto(p) => f.write_str(p.name()),
+            Value::Port(p) => write!(f, "{p}"),
+            Value::Index(i) => write!(f, "{i}"),
+            Value::Ifname(n) => write!(f, "{}", quoted(n)),
+        }
+    }
+}
+
+impl Display for Verdict {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Verdict::Accept => f.write_str("accept"),
+            Verdict::Drop => f.write_str("drop"),
+            Verdict::Return => f.write_str("return"),
+            Verdict::Jump(c) => write!(f, "jump {c}"),
+            Verdict::Goto(c) => write!(f, "goto {c}"),
+        }
+    }
+}
+
+impl Display for Stmt {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Stmt::Cmp { sel, op, value } => match op {
+                CmpOp::Eq => write!(f, "{sel} {value}"),
+                CmpOp::Ne => write!(f, "{sel} != {value}"),
+            },
+            Stmt::MarkBitsEq { mask, value } => {
+                write!(f, "meta mark & {mask:#010x} == {value:#010x}")
+            }
+            Stmt::CtStateNew => f.write_str("ct state new"),
+            Stmt::CtStatusDnat => f.write_str("ct status dnat"),
+            Stmt::FibLocal(FibAddr::Saddr) => f.write_str("fib saddr type local"),
+            Stmt::FibLocal(FibAddr::Daddr) => f.write_str("fib daddr type local"),
+            Stmt::Lookup { key, set, negate } => {
+                let op = if *negate { "!= " } else { "" };
+                write!(f, "{} {op}@{set}", concat_selectors(key))
+            }
+            Stmt::Vmap { key, map } => write!(f, "{} vmap @{map}", concat_selectors(key)),
+            Stmt::NumgenVmap { modulus, map } => {
+                write!(f, "numgen random mod {modulus} vmap @{map}")
+            }
+            Stmt::MarkOr(bits) => write!(f, "meta mark set meta mark | {bits:#010x}"),
+            Stmt::MarkXor(bits) => write!(f, "meta mark set meta mark ^ {bits:#010x}"),
+            Stmt::UpdateSet { set, key } => write!(f, "update @{set} {{ {key} }}"),
+            Stmt::Masquerade { fully_random: true } => f.write_str("masquerade fully-random"),
+            Stmt::Masquerade { fully_random: false } => f.write_str("masquerade"),
+            Stmt::Reject(_) => f.write_str("reject"),
+            Stmt::Dnat { addr: IpAddr::V4(a), port } => write!(f, "dnat to {a}:{port}"),
+            Stmt::Dnat { addr: IpAddr::V6(a), port } => write!(f, "dnat to [{a}]:{port}"),
+            Stmt::DnatNumgenMap { family, modulus, map } => write!(
+                f,
+                "dnat {} to numgen random mod {modulus} map @{map}",
+                family_keyword(*family)
+            ),
+            Stmt::Verdict(v) => write!(f, "{v}"),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn priorities_print_like_nft() {
+        assert_eq!(priority_text(Hook::Prerouting, -100), "dstnat");
+        assert_eq!(priority_text(Hook::Prerouting, -110), "dstnat - 10");
+        assert_eq!(priority_text(Hook::Output, -100), "-100");
+        assert_eq!(priority_text(Hook::Output, -90), "-90");
+        assert_eq!(priority_text(Hook::Postrouting, 100), "srcnat");
+        assert_eq!(priority_text(Hook::Input, 0), "filter");
+        assert_eq!(priority_text(Hook::Forward, 5), "filter + 5");
+    }
+
+    #[test]
+    fn durations_print_like_nft() {
+        assert_eq!(duration(10_800_000), "3h");
+        assert_eq!(duration(10_801_000), "3h1s");
+        assert_eq!(duration(90_000), "1m30s");
+        assert_eq!(duration(86_400_000 * 2 + 500), "2d500ms");
+    }
+
+    #[test]
+    fn rules_print_like_nft() {
+        let fam = IpFamily::V4;
+        let rule = Rule::new(vec![
+            Stmt::Lookup { key: vec![Selector::Daddr(fam)], set: "cluster-ips".into(), negate: false },
+            Stmt::Cmp {
+                sel: Selector::Saddr(fam),
+                op: CmpOp::Ne,
+                value: Value::Prefix("10.0.0.0/8".parse().unwrap()),
+            },
+            Stmt::Verdict(Verdict::Jump("mark-for-masquerade".into())),
+        ]);
+        assert_eq!(
+            rule.to_string(),
+            "ip daddr @cluster-ips ip saddr != 10.0.0.0/8 jump mark-for-masquerade"
+        );
+        let dnat = Rule::new(vec![
+            Stmt::Cmp { sel: Selector::L4Proto, op: CmpOp::Eq, value: Value::Proto(crate::net::L4Proto::Tcp) },
+            Stmt::Dnat { addr: "fd00::1".parse().unwrap(), port: 80 },
+        ])
+        .with_comment("ns/svc:http");
+        assert_eq!(dnat.to_string(), "meta l4proto tcp dnat to [fd00::1]:80 comment \"ns/svc:http\"");
+        assert_eq!(Stmt::MarkBitsEq { mask: 0x4000, value: 0 }.to_string(), "meta mark & 0x00004000 == 0x00000000");
+    }
+}
