@@ -2,10 +2,15 @@
 //! its pods, a client, all wired with veth pairs and none with a route out of the machine.
 
 pub mod netns;
+pub mod servers;
+pub mod topology;
+pub mod traffic;
 
 use thiserror::Error;
 
 pub use netns::Netns;
+pub use servers::ServerSpec;
+pub use topology::{Lab, LabClient, LabNode, LabPod};
 
 /// Errors building or using the lab.
 #[derive(Debug, Error)]
@@ -36,4 +41,23 @@ pub fn require_privileges() -> Result<(), LabError> {
         return Err(LabError::NotPrivileged("this test needs iproute2 (`ip`) on PATH".into()));
     }
     Ok(())
+}
+
+/// Deletes lab namespaces left behind by processes that no longer exist (a crashed or killed
+/// demo or test): names are `nftp-<role>-<pid>-<n>`.
+pub fn cleanup_stale() {
+    let Ok(out) = std::process::Command::new("ip").args(["netns", "list"]).output() else { return };
+    for line in String::from_utf8_lossy(&out.stdout).lines() {
+        let name = line.split_whitespace().next().unwrap_or("");
+        let mut parts = name.split('-');
+        if parts.next() != Some("nftp") {
+            continue;
+        }
+        let pid = parts.nth(1).and_then(|p| p.parse::<u32>().ok());
+        if let Some(pid) = pid {
+            if !std::path::Path::new(&format!("/proc/{pid}")).exists() {
+                let _ = std::process::Command::new("ip").args(["netns", "delete", name]).output();
+            }
+        }
+    }
 }

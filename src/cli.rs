@@ -1,0 +1,193 @@
+//! Command-line interface. Flag names follow kube-proxy's.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Args, Parser, Subcommand};
+use thiserror::Error;
+use tracing::{error, warn};
+
+use crate::config::{self, ConfigError, ProxyConfig};
+use crate::model::ClusterState;
+use crate::netlink::{Kernel, NetlinkError};
+use crate::plan::{Plan, PlanInput, plan};
+use crate::reconcile::{self, SyncError};
+use crate::source::{self, manifests::ManifestError};
+
+/// nftproxy: a Kubernetes service proxy on nftables.
+#[derive(Debug, Parser)]
+#[command(name = "nftproxy", version, about, long_about = None)]
+pub struct Cli {
+    /// Log verbosity: -v debug, -vv trace (RUST_LOG overrides).
+    #[arg(short, long, action = clap::ArgAction::Count, global = true)]
+    pub verbose: u8,
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// Subcommands.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Print the desired ruleset as nft text; touches no kernel state.
+    Render(ManifestArgs),
+    /// Apply the desired ruleset in the current network namespace as one transaction.
+    Sync(ManifestArgs),
+    /// Delete nftproxy's tables (and only those) in the current network namespace.
+    Cleanup(TableArgs),
+    /// Build a lab of network namespaces, send traffic through a ClusterIP and show the results.
+    Demo(crate::demo::DemoArgs),
+}
+
+/// Where objects come from, plus the proxy flags.
+#[derive(Debug, Args)]
+pub struct ManifestArgs {
+    /// A YAML/JSON manifest file or a directory of them (Services, EndpointSlices, Nodes).
+    #[arg(long, value_name = "PATH")]
+    pub manifests: PathBuf,
+    #[command(flatten)]
+    pub proxy: ProxyArgs,
+}
+
+/// kube-proxy-compatible flags.
+#[derive(Debug, Clone, Args)]
+pub struct ProxyArgs {
+    /// This node's name, as in EndpointSlice `nodeName` (default: the machine's hostname).
+    #[arg(long, value_name = "NAME")]
+    pub hostname_override: Option<String>,
+    /// Pod CIDRs, comma-separated (IPv4 and/or IPv6); ClusterIP traffic from outside is masqueraded.
+    #[arg(long, value_name = "CIDRS", default_value = "")]
+    pub cluster_cidr: String,
+    /// Masquerade all traffic to ClusterIPs.
+    #[arg(long)]
+    pub masquerade_all: bool,
+    /// The packet-mark bit that requests masquerade (14 → 0x4000).
+    #[arg(long, value_name = "BIT", default_value_t = 14)]
+    pub masquerade_bit: u32,
+    /// Addresses that accept NodePorts: `primary` (default) or CIDRs, comma-separated.
+    #[arg(long, value_name = "CIDRS")]
+    pub nodeport_addresses: Vec<String>,
+    /// How pod traffic is recognised: ClusterCIDR, NodeCIDR, BridgeInterface, InterfaceNamePrefix.
+    #[arg(long, value_name = "MODE", default_value = "ClusterCIDR")]
+    pub detect_local_mode: String,
+    /// The pod bridge, for --detect-local-mode BridgeInterface.
+    #[arg(long, value_name = "NAME")]
+    pub pod_bridge_interface: Option<String>,
+    /// The pod interface prefix, for --detect-local-mode InterfaceNamePrefix.
+    #[arg(long, value_name = "PREFIX")]
+    pub pod_interface_name_prefix: Option<String>,
+    #[command(flatten)]
+    pub table: TableArgs,
+}
+
+/// The table name.
+#[derive(Debug, Clone, Args)]
+pub struct TableArgs {
+    /// The nftables table name (in the ip and ip6 families).
+    #[arg(long, value_name = "NAME", default_value = ProxyConfig::DEFAULT_TABLE)]
+    pub table: String,
+}
+
+/// Errors that end a command.
+#[derive(Debug, Error)]
+pub enum CliError {
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    #[error(transparent)]
+    Manifests(#[from] ManifestError),
+    #[error(transparent)]
+    Sync(#[from] SyncError),
+    #[error(transparent)]
+    Netlink(#[from] NetlinkError),
+    #[error(transparent)]
+    Demo(#[from] crate::demo::DemoError),
+}
+
+impl ProxyArgs {
+    /// Validated settings.
+    pub fn config(&self) -> Result<ProxyConfig, ConfigError> {
+        let hostname = match &self.hostname_override {
+            Some(h) => h.trim().to_string(),
+            None => nix::unistd::gethostname().map(|h| h.to_string_lossy().into_owned()).unwrap_or_default(),
+        };
+        let mut c = ProxyConfig::new(hostname.to_lowercase());
+        c.cluster_cidrs = config::parse_cidrs("--cluster-cidr", &self.cluster_cidr)?;
+        c.masquerade_all = self.masquerade_all;
+        c.masquerade_bit = self.masquerade_bit;
+        c.nodeport_addresses = config::parse_nodeport_addresses(&self.nodeport_addresses)?;
+        c.detect_local = config::parse_detect_local(
+            &self.detect_local_mode,
+            self.pod_bridge_interface.as_deref(),
+            self.pod_interface_name_prefix.as_deref(),
+        )?;
+        c.table = self.table.table.clone();
+        c.validate()?;
+        Ok(c)
+    }
+}
+
+/// Loads manifests into a cluster state, logging every problem.
+pub fn load_state(args: &ManifestArgs, config: &ProxyConfig) -> Result<ClusterState, CliError> {
+    let manifests = source::manifests::load(&args.manifests)?;
+    for p in &manifests.problems {
+        warn!("{p}");
+    }
+    let (state, problems) = source::state_from_manifests(&manifests, &config.hostname);
+    for p in &problems {
+        warn!("{p}");
+    }
+    Ok(state)
+}
+
+/// Plans the ruleset for a state (resolving node-port addresses in this namespace).
+pub fn plan_for(config: &ProxyConfig, state: &ClusterState) -> Plan {
+    let targets = crate::nodeaddr::resolve(&config.nodeport_addresses, state.node());
+    plan(&PlanInput { config, state, nodeports_v4: &targets.v4, nodeports_v6: &targets.v6 })
+}
+
+/// Runs the CLI; returns the process exit code.
+pub fn run(cli: Cli) -> ExitCode {
+    match execute(cli) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            error!("{e}");
+            eprintln!("error: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn execute(cli: Cli) -> Result<(), CliError> {
+    match cli.command {
+        Command::Render(args) => {
+            let config = args.proxy.config()?;
+            let state = load_state(&args, &config)?;
+            print!("{}", plan_for(&config, &state).ruleset);
+            Ok(())
+        }
+        Command::Sync(args) => {
+            let config = args.proxy.config()?;
+            let state = load_state(&args, &config)?;
+            let planned = plan_for(&config, &state);
+            let mut kernel = Kernel::open()?;
+            let report = reconcile::sync_with_kernel(&mut kernel, &config, &planned)?;
+            println!(
+                "synced {} services ({} ports, {} endpoints): 1 transaction, {} messages, {:.1} ms",
+                planned.stats.services,
+                planned.stats.service_ports,
+                planned.stats.endpoints,
+                report.apply.messages,
+                report.total.as_secs_f64() * 1000.0
+            );
+            Ok(())
+        }
+        Command::Cleanup(args) => {
+            let mut config = ProxyConfig::new("cleanup");
+            config.table = args.table;
+            let mut kernel = Kernel::open()?;
+            let n = reconcile::cleanup(&mut kernel, &config)?;
+            println!("deleted {n} nftproxy table(s)");
+            Ok(())
+        }
+        Command::Demo(args) => Ok(crate::demo::run(&args)?),
+    }
+}

@@ -1,0 +1,496 @@
+//! Kubernetes API objects → model values, validating every field nftproxy uses.
+//!
+//! Upstream kube-proxy's rules: headless and ExternalName services, and objects labelled
+//! `service.kubernetes.io/service-proxy-name` (owned by another proxy), are not ours. A field
+//! that cannot be used (an unparsable IP, a port out of range, an unknown protocol) is skipped
+//! with a [`Problem`]; only a Service without a usable ClusterIP, or a slice without a service,
+//! is skipped whole.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::IpAddr;
+
+use ipnet::IpNet;
+use k8s_openapi::api::core::v1 as core;
+use k8s_openapi::api::discovery::v1 as discovery;
+
+use super::*;
+
+/// Label naming the proxy that owns an object (upstream skips labelled objects).
+pub const LABEL_SERVICE_PROXY_NAME: &str = "service.kubernetes.io/service-proxy-name";
+/// Label of EndpointSlices of headless services.
+pub const LABEL_HEADLESS: &str = "service.kubernetes.io/headless";
+/// Label tying an EndpointSlice to its Service.
+pub const LABEL_SERVICE_NAME: &str = "kubernetes.io/service-name";
+/// Annotation with the time the endpoints change was triggered.
+pub const ANNOTATION_TRIGGER_TIME: &str = "endpoints.kubernetes.io/last-change-trigger-time";
+/// Default `sessionAffinityConfig.clientIP.timeoutSeconds`.
+pub const DEFAULT_AFFINITY_SECS: u32 = 10800;
+/// Largest timeout the API server accepts.
+pub const MAX_AFFINITY_SECS: u32 = 86400;
+
+/// Result of converting one object: the value (if any part is usable) and its problems.
+#[derive(Debug)]
+pub struct Converted<T> {
+    pub value: Option<T>,
+    pub problems: Vec<Problem>,
+}
+
+struct Checker {
+    object: ObjectRef,
+    problems: Vec<Problem>,
+}
+
+impl Checker {
+    fn field(&mut self, field: impl Into<String>, reason: impl Into<String>) {
+        self.problems.push(Problem {
+            object: self.object.clone(),
+            field: field.into(),
+            reason: reason.into(),
+            object_skipped: false,
+        });
+    }
+
+    fn skip<T>(mut self, field: impl Into<String>, reason: impl Into<String>) -> Converted<T> {
+        self.problems.push(Problem {
+            object: self.object.clone(),
+            field: field.into(),
+            reason: reason.into(),
+            object_skipped: true,
+        });
+        Converted { value: None, problems: self.problems }
+    }
+
+    fn done<T>(self, value: Option<T>) -> Converted<T> {
+        Converted { value, problems: self.problems }
+    }
+}
+
+/// A DNS-1123 label (namespaces, Service names): what upstream may put in chain names.
+pub fn valid_label(s: &str) -> bool {
+    !s.is_empty()
+        && s.len() <= 63
+        && s.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+        && !s.starts_with('-')
+        && !s.ends_with('-')
+}
+
+/// A DNS-1123 subdomain (EndpointSlice and Node names).
+pub fn valid_subdomain(s: &str) -> bool {
+    !s.is_empty() && s.len() <= 253 && s.split('.').all(valid_label)
+}
+
+/// An IANA service name (port names): at most 15 lower-case letters, digits and dashes.
+pub fn valid_port_name(s: &str) -> bool {
+    s.len() <= 15 && s.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+}
+
+fn parse_ip(s: &str) -> Option<IpAddr> {
+    s.trim().parse().ok()
+}
+
+fn port_number(n: i32) -> Option<u16> {
+    u16::try_from(n).ok().filter(|p| *p != 0)
+}
+
+fn has_label(labels: &Option<BTreeMap<String, String>>, key: &str) -> bool {
+    labels.as_ref().is_some_and(|l| l.contains_key(key))
+}
+
+/// Converts a Service. `Ok(None)`-like results (headless, ExternalName, another proxy's) come
+/// back with no value and no problems.
+pub fn service(svc: &core::Service) -> Converted<ServiceInfo> {
+    let meta = &svc.metadata;
+    let namespace = meta.namespace.clone().unwrap_or_else(|| "default".to_string());
+    let name = meta.name.clone().unwrap_or_default();
+    let mut c = Checker {
+        object: ObjectRef { kind: "Service", namespace: Some(namespace.clone()), name: name.clone() },
+        problems: Vec::new(),
+    };
+    if !valid_label(&namespace) || !valid_label(&name) {
+        return c.skip("metadata", "namespace and name must be DNS-1123 labels (lower-case letters, digits, '-', at most 63)");
+    }
+    if has_label(&meta.labels, LABEL_SERVICE_PROXY_NAME) {
+        return c.done(None);
+    }
+    let Some(spec) = &svc.spec else { return c.skip("spec", "missing") };
+    let svc_type = spec.type_.as_deref().unwrap_or("ClusterIP");
+    if svc_type == "ExternalName" {
+        return c.done(None);
+    }
+    if !matches!(svc_type, "ClusterIP" | "NodePort" | "LoadBalancer") {
+        return c.skip("spec.type", format!("unknown service type {svc_type:?}"));
+    }
+
+    let raw_ips: Vec<&str> = match &spec.cluster_ips {
+        Some(ips) if !ips.is_empty() => ips.iter().map(String::as_str).collect(),
+        _ => spec.cluster_ip.as_deref().into_iter().collect(),
+    };
+    if raw_ips.is_empty() || raw_ips.iter().any(|ip| ip.trim().is_empty() || *ip == "None") {
+        return c.done(None); // headless: no ClusterIP, nothing to proxy
+    }
+    let mut cluster_ips: Vec<IpAddr> = Vec::new();
+    for (i, raw) in raw_ips.iter().enumerate() {
+        match parse_ip(raw) {
+            Some(ip) if cluster_ips.iter().any(|x| IpFamily::of(x) == IpFamily::of(&ip)) => {
+                c.field(format!("spec.clusterIPs[{i}]"), format!("second {} ClusterIP {raw:?}", IpFamily::of(&ip)));
+            }
+            Some(ip) if ip.is_unspecified() || ip.is_loopback() || ip.is_multicast() => {
+                c.field(format!("spec.clusterIPs[{i}]"), format!("{raw:?} cannot be a ClusterIP"));
+            }
+            Some(ip) => cluster_ips.push(ip),
+            None => c.field(format!("spec.clusterIPs[{i}]"), format!("invalid IP address {raw:?}")),
+        }
+    }
+    if cluster_ips.is_empty() {
+        return c.skip("spec.clusterIP", "no valid ClusterIP");
+    }
+
+    let externally = svc_type == "NodePort" || svc_type == "LoadBalancer";
+    let mut external_ips = Vec::new();
+    for (i, raw) in spec.external_ips.iter().flatten().enumerate() {
+        match parse_ip(raw) {
+            Some(ip) if !ip.is_unspecified() && !ip.is_loopback() && !ip.is_multicast() => external_ips.push(ip),
+            _ => c.field(format!("spec.externalIPs[{i}]"), format!("invalid external IP {raw:?}")),
+        }
+    }
+    let mut load_balancer_ips = Vec::new();
+    if svc_type == "LoadBalancer" {
+        let ingress = svc.status.as_ref().and_then(|s| s.load_balancer.as_ref()).and_then(|lb| lb.ingress.as_ref());
+        for (i, ing) in ingress.into_iter().flatten().enumerate() {
+            let Some(raw) = ing.ip.as_deref() else { continue };
+            // ipMode Proxy: the load balancer delivers to the node itself; capturing the VIP
+            // would bypass it.
+            if ing.ip_mode.as_deref() == Some("Proxy") {
+                continue;
+            }
+            match parse_ip(raw) {
+                Some(ip) if !ip.is_unspecified() && !ip.is_loopback() => load_balancer_ips.push(ip),
+                _ => c.field(format!("status.loadBalancer.ingress[{i}].ip"), format!("invalid IP {raw:?}")),
+            }
+        }
+    }
+    let mut source_ranges = Vec::new();
+    for (i, raw) in spec.load_balancer_source_ranges.iter().flatten().enumerate() {
+        match raw.trim().parse::<IpNet>() {
+            Ok(net) => source_ranges.push(net.trunc()),
+            Err(_) => c.field(format!("spec.loadBalancerSourceRanges[{i}]"), format!("invalid CIDR {raw:?}")),
+        }
+    }
+
+    let external_policy_local = spec.external_traffic_policy.as_deref() == Some("Local");
+    let internal_policy_local = spec.internal_traffic_policy.as_deref() == Some("Local");
+    let session_affinity_secs = match spec.session_affinity.as_deref() {
+        Some("ClientIP") => {
+            let raw = spec
+                .session_affinity_config
+                .as_ref()
+                .and_then(|cfg| cfg.client_ip.as_ref())
+                .and_then(|cip| cip.timeout_seconds);
+            match raw {
+                None => Some(DEFAULT_AFFINITY_SECS),
+                Some(t) if t >= 1 && (t as u32) <= MAX_AFFINITY_SECS => Some(t as u32),
+                Some(t) => {
+                    c.field(
+                        "spec.sessionAffinityConfig.clientIP.timeoutSeconds",
+                        format!("{t} is outside 1..{MAX_AFFINITY_SECS}; using {DEFAULT_AFFINITY_SECS}"),
+                    );
+                    Some(DEFAULT_AFFINITY_SECS)
+                }
+            }
+        }
+        None | Some("None") => None,
+        Some(other) => {
+            c.field("spec.sessionAffinity", format!("unknown affinity {other:?}"));
+            None
+        }
+    };
+    let health_check_node_port = if svc_type == "LoadBalancer" && external_policy_local {
+        match spec.health_check_node_port {
+            Some(p) => {
+                let port = port_number(p);
+                if port.is_none() {
+                    c.field("spec.healthCheckNodePort", format!("{p} is not a valid port"));
+                }
+                port
+            }
+            None => None,
+        }
+    } else {
+        None
+    };
+
+    let svc_name = NamespacedName::new(namespace, name);
+    let mut ports: Vec<ServicePort> = Vec::new();
+    for (i, p) in spec.ports.iter().flatten().enumerate() {
+        let field = format!("spec.ports[{i}]");
+        let port_name = p.name.clone().unwrap_or_default();
+        if !valid_port_name(&port_name) {
+            c.field(format!("{field}.name"), format!("invalid port name {port_name:?}"));
+            continue;
+        }
+        let protocol = match p.protocol.as_deref().map_or(Some(L4Proto::Tcp), L4Proto::from_k8s) {
+            Some(proto) => proto,
+            None => {
+                c.field(format!("{field}.protocol"), format!("unknown protocol {:?}", p.protocol.as_deref().unwrap_or("")));
+                continue;
+            }
+        };
+        let Some(port) = port_number(p.port) else {
+            c.field(format!("{field}.port"), format!("{} is not a valid port (1-65535)", p.port));
+            continue;
+        };
+        let node_port = match p.node_port {
+            Some(np) if externally => match port_number(np) {
+                Some(np) => Some(np),
+                None => {
+                    c.field(format!("{field}.nodePort"), format!("{np} is not a valid port"));
+                    None
+                }
+            },
+            _ => None,
+        };
+        let spn = ServicePortName { service: svc_name.clone(), port: port_name, protocol };
+        if ports.iter().any(|x| x.name == spn) {
+            c.field(field, format!("duplicate port {spn} ({protocol})"));
+            continue;
+        }
+        ports.push(ServicePort {
+            name: spn,
+            cluster_ips: cluster_ips.clone(),
+            port,
+            node_port,
+            external_ips: external_ips.clone(),
+            load_balancer_ips: load_balancer_ips.clone(),
+            load_balancer_source_ranges: source_ranges.clone(),
+            external_policy_local,
+            internal_policy_local,
+            session_affinity_secs,
+            health_check_node_port,
+        });
+    }
+    c.done(Some(ServiceInfo { name: svc_name, ports }))
+}
+
+/// Converts an EndpointSlice.
+pub fn endpoint_slice(slice: &discovery::EndpointSlice) -> Converted<EndpointSliceInfo> {
+    let meta = &slice.metadata;
+    let namespace = meta.namespace.clone().unwrap_or_else(|| "default".to_string());
+    let name = meta.name.clone().unwrap_or_default();
+    let mut c = Checker {
+        object: ObjectRef { kind: "EndpointSlice", namespace: Some(namespace.clone()), name: name.clone() },
+        problems: Vec::new(),
+    };
+    if !valid_label(&namespace) || !valid_subdomain(&name) {
+        return c.skip("metadata", "namespace must be a DNS-1123 label and name a DNS-1123 subdomain");
+    }
+    if has_label(&meta.labels, LABEL_SERVICE_PROXY_NAME) || has_label(&meta.labels, LABEL_HEADLESS) {
+        return c.done(None);
+    }
+    let Some(service) = meta.labels.as_ref().and_then(|l| l.get(LABEL_SERVICE_NAME)).cloned() else {
+        return c.skip(format!("metadata.labels[{LABEL_SERVICE_NAME}]"), "missing: the slice belongs to no Service");
+    };
+    if !valid_label(&service) {
+        return c.skip(format!("metadata.labels[{LABEL_SERVICE_NAME}]"), format!("invalid service name {service:?}"));
+    }
+    let family = match slice.address_type.as_str() {
+        "IPv4" => IpFamily::V4,
+        "IPv6" => IpFamily::V6,
+        "FQDN" => return c.done(None),
+        other => return c.skip("addressType", format!("unknown address type {other:?}")),
+    };
+
+    let mut ports = Vec::new();
+    for (i, p) in slice.ports.iter().flatten().enumerate() {
+        let field = format!("ports[{i}]");
+        let port_name = p.name.clone().unwrap_or_default();
+        let protocol = match p.protocol.as_deref().map_or(Some(L4Proto::Tcp), L4Proto::from_k8s) {
+            Some(proto) => proto,
+            None => {
+                c.field(format!("{field}.protocol"), format!("unknown protocol {:?}", p.protocol.as_deref().unwrap_or("")));
+                continue;
+            }
+        };
+        let Some(port) = p.port.and_then(port_number) else {
+            c.field(format!("{field}.port"), format!("{:?} is not a valid port (1-65535)", p.port));
+            continue;
+        };
+        ports.push((port_name, protocol, port));
+    }
+
+    let mut endpoints = Vec::new();
+    for (i, ep) in slice.endpoints.iter().enumerate() {
+        let field = format!("endpoints[{i}].addresses");
+        // Upstream uses the first address only.
+        let Some(raw) = ep.addresses.first() else {
+            c.field(field, "no address");
+            continue;
+        };
+        let ip = match parse_ip(raw) {
+            Some(ip) if IpFamily::of(&ip) == family && !ip.is_unspecified() && !ip.is_multicast() => ip,
+            Some(_) => {
+                c.field(field, format!("{raw:?} is not a usable {family} address"));
+                continue;
+            }
+            None => {
+                c.field(field, format!("invalid IP address {raw:?}"));
+                continue;
+            }
+        };
+        let cond = ep.conditions.clone().unwrap_or_default();
+        let ready = cond.ready.unwrap_or(true);
+        let hints = ep.hints.as_ref();
+        endpoints.push(SliceEndpoint {
+            ip,
+            ready,
+            serving: cond.serving.unwrap_or(ready),
+            terminating: cond.terminating.unwrap_or(false),
+            node_name: ep.node_name.clone(),
+            zone: ep.zone.clone(),
+            zone_hints: hints
+                .and_then(|h| h.for_zones.as_ref())
+                .map(|z| z.iter().map(|z| z.name.clone()).collect())
+                .unwrap_or_else(BTreeSet::new),
+            node_hints: hints
+                .and_then(|h| h.for_nodes.as_ref())
+                .map(|n| n.iter().map(|n| n.name.clone()).collect())
+                .unwrap_or_else(BTreeSet::new),
+        });
+    }
+    let trigger_time = meta.annotations.as_ref().and_then(|a| a.get(ANNOTATION_TRIGGER_TIME)).cloned();
+    c.done(Some(EndpointSliceInfo {
+        name: NamespacedName::new(namespace.clone(), name),
+        service: NamespacedName::new(namespace, service),
+        family,
+        ports,
+        endpoints,
+        trigger_time,
+    }))
+}
+
+/// Converts a Node.
+pub fn node(node: &core::Node) -> Converted<NodeInfo> {
+    let name = node.metadata.name.clone().unwrap_or_default();
+    let mut c = Checker { object: ObjectRef { kind: "Node", namespace: None, name: name.clone() }, problems: Vec::new() };
+    if !valid_subdomain(&name) {
+        return c.skip("metadata.name", "must be a DNS-1123 subdomain");
+    }
+    let mut internal_ips = Vec::new();
+    let addresses = node.status.as_ref().and_then(|s| s.addresses.as_ref());
+    for (i, addr) in addresses.into_iter().flatten().enumerate() {
+        if addr.type_ != "InternalIP" {
+            continue;
+        }
+        match parse_ip(&addr.address) {
+            Some(ip) => internal_ips.push(ip),
+            None => c.field(format!("status.addresses[{i}]"), format!("invalid IP {:?}", addr.address)),
+        }
+    }
+    let mut pod_cidrs = Vec::new();
+    let spec = node.spec.as_ref();
+    let raw_cidrs: Vec<&String> = match spec.and_then(|s| s.pod_cidrs.as_ref()) {
+        Some(v) if !v.is_empty() => v.iter().collect(),
+        _ => spec.and_then(|s| s.pod_cidr.as_ref()).into_iter().collect(),
+    };
+    for (i, raw) in raw_cidrs.into_iter().enumerate() {
+        match raw.trim().parse::<IpNet>() {
+            Ok(n) => pod_cidrs.push(n.trunc()),
+            Err(_) => c.field(format!("spec.podCIDRs[{i}]"), format!("invalid CIDR {raw:?}")),
+        }
+    }
+    c.done(Some(NodeInfo {
+        name,
+        labels: node.metadata.labels.clone().unwrap_or_default(),
+        internal_ips,
+        pod_cidrs,
+    }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn svc(yaml: &str) -> core::Service {
+        serde_saphyr::from_str(yaml).unwrap()
+    }
+
+    #[test]
+    fn bad_ports_are_skipped_alone() {
+        let s = svc(
+            r#"
+metadata: {name: web, namespace: ns}
+spec:
+  clusterIP: 10.96.0.10
+  ports:
+  - {name: http, port: 80}
+  - {name: zero, port: 0}
+  - {name: big, port: 70000}
+  - {name: weird, port: 81, protocol: ICMP}
+  - {name: http, port: 82}
+  - {name: dns, port: 53, protocol: UDP}
+"#,
+        );
+        let c = service(&s);
+        let info = c.value.unwrap();
+        let names: Vec<String> = info.ports.iter().map(|p| format!("{}/{}", p.name, p.port)).collect();
+        assert_eq!(names, vec!["ns/web:http/80", "ns/web:dns/53"]);
+        assert_eq!(c.problems.len(), 4, "{:#?}", c.problems);
+        assert!(c.problems.iter().all(|p| !p.object_skipped));
+    }
+
+    #[test]
+    fn invalid_cluster_ip_skips_the_service() {
+        let c = service(&svc("metadata: {name: web, namespace: ns}\nspec: {clusterIP: 10.96.0.300, ports: [{port: 80}]}\n"));
+        assert!(c.value.is_none());
+        assert!(c.problems.iter().any(|p| p.object_skipped));
+    }
+
+    #[test]
+    fn headless_external_name_and_foreign_services_are_not_ours() {
+        for yaml in [
+            "metadata: {name: h, namespace: ns}\nspec: {clusterIP: None, ports: [{port: 80}]}\n",
+            "metadata: {name: e, namespace: ns}\nspec: {type: ExternalName, externalName: example.com}\n",
+            "metadata: {name: f, namespace: ns, labels: {service.kubernetes.io/service-proxy-name: other}}\nspec: {clusterIP: 10.96.0.1, ports: [{port: 80}]}\n",
+        ] {
+            let c = service(&svc(yaml));
+            assert!(c.value.is_none() && c.problems.is_empty(), "{yaml}");
+        }
+    }
+
+    #[test]
+    fn non_ascii_and_overlong_names_are_rejected() {
+        let long = "a".repeat(64);
+        for name in ["wéb", long.as_str(), "Web", "-web"] {
+            let c = service(&svc(&format!("metadata: {{name: \"{name}\", namespace: ns}}\nspec: {{clusterIP: 10.96.0.1, ports: [{{port: 80}}]}}\n")));
+            assert!(c.value.is_none() && c.problems[0].object_skipped, "{name}");
+        }
+        let ok = "a".repeat(63);
+        let c = service(&svc(&format!("metadata: {{name: {ok}, namespace: ns}}\nspec: {{clusterIP: 10.96.0.1, ports: [{{port: 80}}]}}\n")));
+        assert!(c.value.is_some());
+    }
+
+    #[test]
+    fn slice_endpoints_of_the_wrong_family_are_skipped() {
+        let s: discovery::EndpointSlice = serde_saphyr::from_str(
+            r#"
+metadata: {name: web-abc, namespace: ns, labels: {kubernetes.io/service-name: web}}
+addressType: IPv4
+ports: [{name: http, port: 8080, protocol: TCP}, {name: bad, port: 0}]
+endpoints:
+- addresses: ["10.0.0.1"]
+  conditions: {ready: true}
+  nodeName: node1
+- addresses: ["fd00::1"]
+- addresses: ["not-an-ip"]
+- addresses: ["10.0.0.2"]
+  conditions: {ready: false, serving: true, terminating: true}
+"#,
+        )
+        .unwrap();
+        let c = endpoint_slice(&s);
+        let info = c.value.unwrap();
+        assert_eq!(info.ports, vec![("http".to_string(), L4Proto::Tcp, 8080)]);
+        assert_eq!(info.endpoints.len(), 2);
+        assert!(info.endpoints[1].serving && info.endpoints[1].terminating && !info.endpoints[1].ready);
+        assert_eq!(c.problems.len(), 3);
+    }
+}

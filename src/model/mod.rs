@@ -1,0 +1,414 @@
+//! Kubernetes objects as nftproxy needs them: Services split into service ports, EndpointSlices
+//! merged into endpoints per service port, and this node's Node.
+//!
+//! [`ClusterState`] is the in-memory state the reconciler keeps. Converting from the API types
+//! ([`convert`]) validates every field; a bad field is skipped alone and reported as a
+//! [`Problem`], so one malformed object never blocks the rest.
+
+pub mod convert;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt;
+use std::net::IpAddr;
+
+use ipnet::IpNet;
+
+use crate::net::{IpFamily, L4Proto};
+
+/// `namespace/name`.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct NamespacedName {
+    pub namespace: String,
+    pub name: String,
+}
+
+impl NamespacedName {
+    /// A name in a namespace.
+    pub fn new(namespace: impl Into<String>, name: impl Into<String>) -> NamespacedName {
+        NamespacedName { namespace: namespace.into(), name: name.into() }
+    }
+}
+
+impl fmt::Display for NamespacedName {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}/{}", self.namespace, self.name)
+    }
+}
+
+/// One port of one Service, as upstream names it: `namespace/name:port` (`namespace/name`
+/// for an unnamed port). The protocol is part of its identity.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct ServicePortName {
+    pub service: NamespacedName,
+    pub port: String,
+    pub protocol: L4Proto,
+}
+
+impl fmt::Display for ServicePortName {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.port.is_empty() {
+            write!(f, "{}", self.service)
+        } else {
+            write!(f, "{}:{}", self.service, self.port)
+        }
+    }
+}
+
+/// What nftproxy needs of one Service port.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ServicePort {
+    pub name: ServicePortName,
+    /// One ClusterIP per family the Service has.
+    pub cluster_ips: Vec<IpAddr>,
+    pub port: u16,
+    pub node_port: Option<u16>,
+    pub external_ips: Vec<IpAddr>,
+    /// `status.loadBalancer.ingress[].ip` with ipMode VIP (or unset).
+    pub load_balancer_ips: Vec<IpAddr>,
+    pub load_balancer_source_ranges: Vec<IpNet>,
+    /// `externalTrafficPolicy: Local` (only meaningful when externally accessible).
+    pub external_policy_local: bool,
+    /// `internalTrafficPolicy: Local`.
+    pub internal_policy_local: bool,
+    /// `sessionAffinity: ClientIP` timeout in seconds.
+    pub session_affinity_secs: Option<u32>,
+    pub health_check_node_port: Option<u16>,
+}
+
+impl ServicePort {
+    /// The ClusterIP of a family, if the Service has one.
+    pub fn cluster_ip(&self, family: IpFamily) -> Option<IpAddr> {
+        self.cluster_ips.iter().copied().find(|ip| IpFamily::of(ip) == family)
+    }
+
+    /// NodePort, ExternalIPs or LoadBalancer IPs: traffic can come from outside the cluster.
+    pub fn externally_accessible(&self) -> bool {
+        self.node_port.is_some() || !self.external_ips.is_empty() || !self.load_balancer_ips.is_empty()
+    }
+
+    /// External traffic goes to local endpoints only.
+    pub fn external_local(&self) -> bool {
+        self.externally_accessible() && self.external_policy_local
+    }
+
+    /// Some traffic uses the cluster-wide endpoint list.
+    pub fn uses_cluster_endpoints(&self) -> bool {
+        !self.internal_policy_local || (self.externally_accessible() && !self.external_policy_local)
+    }
+
+    /// Some traffic uses the local endpoint list.
+    pub fn uses_local_endpoints(&self) -> bool {
+        self.internal_policy_local || self.external_local()
+    }
+}
+
+/// One endpoint of a service port (an address from an EndpointSlice, with the slice's port).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Endpoint {
+    pub ip: IpAddr,
+    pub port: u16,
+    pub ready: bool,
+    pub serving: bool,
+    pub terminating: bool,
+    pub node_name: Option<String>,
+    pub zone: Option<String>,
+    pub zone_hints: BTreeSet<String>,
+    pub node_hints: BTreeSet<String>,
+}
+
+impl Endpoint {
+    /// `ip:port` (`[ip]:port` for IPv6), as upstream prints endpoints.
+    pub fn address(&self) -> String {
+        std::net::SocketAddr::new(self.ip, self.port).to_string()
+    }
+}
+
+/// An EndpointSlice's ports and endpoints.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EndpointSliceInfo {
+    pub name: NamespacedName,
+    pub service: NamespacedName,
+    pub family: IpFamily,
+    /// (port name, protocol, port number)
+    pub ports: Vec<(String, L4Proto, u16)>,
+    pub endpoints: Vec<SliceEndpoint>,
+    /// `endpoints.kubernetes.io/last-change-trigger-time`, if set (for latency metrics).
+    pub trigger_time: Option<String>,
+}
+
+/// One endpoint of a slice, before it is paired with a port.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SliceEndpoint {
+    pub ip: IpAddr,
+    pub ready: bool,
+    pub serving: bool,
+    pub terminating: bool,
+    pub node_name: Option<String>,
+    pub zone: Option<String>,
+    pub zone_hints: BTreeSet<String>,
+    pub node_hints: BTreeSet<String>,
+}
+
+/// This node, as its Node object describes it.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct NodeInfo {
+    pub name: String,
+    pub labels: BTreeMap<String, String>,
+    /// InternalIP addresses (NodePort's default `primary` addresses).
+    pub internal_ips: Vec<IpAddr>,
+    pub pod_cidrs: Vec<IpNet>,
+}
+
+impl NodeInfo {
+    /// `topology.kubernetes.io/zone`.
+    pub fn zone(&self) -> Option<&str> {
+        self.labels.get("topology.kubernetes.io/zone").map(String::as_str)
+    }
+}
+
+/// Which Kubernetes object something came from.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct ObjectRef {
+    pub kind: &'static str,
+    pub namespace: Option<String>,
+    pub name: String,
+}
+
+impl fmt::Display for ObjectRef {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.namespace {
+            Some(ns) => write!(f, "{} {ns}/{}", self.kind, self.name),
+            None => write!(f, "{} {}", self.kind, self.name),
+        }
+    }
+}
+
+/// Something wrong with an object: logged, counted, and (with the API source) sent as an Event.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Problem {
+    pub object: ObjectRef,
+    /// The field at fault (`spec.ports[1].port`), or empty when the whole object is.
+    pub field: String,
+    pub reason: String,
+    /// Whether the whole object was skipped (rather than one field).
+    pub object_skipped: bool,
+}
+
+impl fmt::Display for Problem {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let what = if self.object_skipped { "skipped" } else { "ignored" };
+        if self.field.is_empty() {
+            write!(f, "{}: {what}: {}", self.object, self.reason)
+        } else {
+            write!(f, "{}: {} {what}: {}", self.object, self.field, self.reason)
+        }
+    }
+}
+
+/// A Service's ports.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ServiceInfo {
+    pub name: NamespacedName,
+    pub ports: Vec<ServicePort>,
+}
+
+/// Services, EndpointSlices and this node, as last seen.
+#[derive(Debug, Clone, Default)]
+pub struct ClusterState {
+    services: BTreeMap<NamespacedName, ServiceInfo>,
+    /// Slices by service, then by slice name.
+    slices: BTreeMap<NamespacedName, BTreeMap<NamespacedName, EndpointSliceInfo>>,
+    /// Which service each slice was filed under (a slice can be relabelled).
+    slice_owner: BTreeMap<NamespacedName, NamespacedName>,
+    node: Option<NodeInfo>,
+}
+
+impl ClusterState {
+    /// An empty state.
+    pub fn new() -> ClusterState {
+        ClusterState::default()
+    }
+
+    /// Adds or replaces a service. Returns whether anything changed.
+    pub fn upsert_service(&mut self, service: ServiceInfo) -> bool {
+        match self.services.get(&service.name) {
+            Some(existing) if *existing == service => false,
+            _ => {
+                self.services.insert(service.name.clone(), service);
+                true
+            }
+        }
+    }
+
+    /// Removes a service. Returns whether it was there.
+    pub fn remove_service(&mut self, name: &NamespacedName) -> bool {
+        self.services.remove(name).is_some()
+    }
+
+    /// Adds or replaces an EndpointSlice. Returns the services whose endpoints changed.
+    pub fn upsert_slice(&mut self, slice: EndpointSliceInfo) -> Vec<NamespacedName> {
+        let mut changed = Vec::new();
+        if let Some(previous) = self.slice_owner.get(&slice.name).cloned() {
+            if previous != slice.service {
+                self.remove_slice(&slice.name);
+                changed.push(previous);
+            } else if self.slices.get(&previous).and_then(|m| m.get(&slice.name)) == Some(&slice) {
+                return changed;
+            }
+        }
+        self.slice_owner.insert(slice.name.clone(), slice.service.clone());
+        changed.push(slice.service.clone());
+        self.slices.entry(slice.service.clone()).or_default().insert(slice.name.clone(), slice);
+        changed
+    }
+
+    /// Removes an EndpointSlice. Returns the service it belonged to.
+    pub fn remove_slice(&mut self, name: &NamespacedName) -> Option<NamespacedName> {
+        let service = self.slice_owner.remove(name)?;
+        if let Some(m) = self.slices.get_mut(&service) {
+            m.remove(name);
+            if m.is_empty() {
+                self.slices.remove(&service);
+            }
+        }
+        Some(service)
+    }
+
+    /// Sets (or clears) this node's Node. Returns whether it changed.
+    pub fn set_node(&mut self, node: Option<NodeInfo>) -> bool {
+        if self.node == node {
+            return false;
+        }
+        self.node = node;
+        true
+    }
+
+    /// This node, if its Node object is known.
+    pub fn node(&self) -> Option<&NodeInfo> {
+        self.node.as_ref()
+    }
+
+    /// All services.
+    pub fn services(&self) -> impl Iterator<Item = &ServiceInfo> {
+        self.services.values()
+    }
+
+    /// One service.
+    pub fn service(&self, name: &NamespacedName) -> Option<&ServiceInfo> {
+        self.services.get(name)
+    }
+
+    /// Number of services.
+    pub fn service_count(&self) -> usize {
+        self.services.len()
+    }
+
+    /// Number of EndpointSlices.
+    pub fn slice_count(&self) -> usize {
+        self.slice_owner.len()
+    }
+
+    /// The slices of a service.
+    pub fn slices_of(&self, service: &NamespacedName) -> impl Iterator<Item = &EndpointSliceInfo> {
+        self.slices.get(service).into_iter().flat_map(|m| m.values())
+    }
+
+    /// The endpoints of a service port in one family: every slice of the service that has a
+    /// port with this name and protocol contributes its addresses with that port's number.
+    /// Duplicates (the same ip:port in several slices) merge, preferring the most usable copy.
+    pub fn endpoints(&self, spn: &ServicePortName, family: IpFamily) -> Vec<Endpoint> {
+        let mut merged: BTreeMap<(IpAddr, u16), Endpoint> = BTreeMap::new();
+        for slice in self.slices_of(&spn.service).filter(|s| s.family == family) {
+            for (_, _, port) in slice.ports.iter().filter(|(n, p, _)| *n == spn.port && *p == spn.protocol) {
+                for ep in &slice.endpoints {
+                    let candidate = Endpoint {
+                        ip: ep.ip,
+                        port: *port,
+                        ready: ep.ready,
+                        serving: ep.serving,
+                        terminating: ep.terminating,
+                        node_name: ep.node_name.clone(),
+                        zone: ep.zone.clone(),
+                        zone_hints: ep.zone_hints.clone(),
+                        node_hints: ep.node_hints.clone(),
+                    };
+                    let rank = |e: &Endpoint| (e.ready, e.serving, !e.terminating);
+                    match merged.get(&(ep.ip, *port)) {
+                        Some(existing) if rank(existing) >= rank(&candidate) => {}
+                        _ => {
+                            merged.insert((ep.ip, *port), candidate);
+                        }
+                    }
+                }
+            }
+        }
+        merged.into_values().collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn slice(name: &str, service: &str, ready: bool, ips: &[&str]) -> EndpointSliceInfo {
+        EndpointSliceInfo {
+            name: NamespacedName::new("ns", name),
+            service: NamespacedName::new("ns", service),
+            family: IpFamily::V4,
+            ports: vec![("http".into(), L4Proto::Tcp, 8080)],
+            endpoints: ips
+                .iter()
+                .map(|ip| SliceEndpoint {
+                    ip: ip.parse().unwrap(),
+                    ready,
+                    serving: ready,
+                    terminating: false,
+                    node_name: None,
+                    zone: None,
+                    zone_hints: BTreeSet::new(),
+                    node_hints: BTreeSet::new(),
+                })
+                .collect(),
+            trigger_time: None,
+        }
+    }
+
+    fn spn(service: &str) -> ServicePortName {
+        ServicePortName { service: NamespacedName::new("ns", service), port: "http".into(), protocol: L4Proto::Tcp }
+    }
+
+    #[test]
+    fn slices_merge_and_prefer_ready_duplicates() {
+        let mut state = ClusterState::new();
+        state.upsert_slice(slice("a", "web", false, &["10.0.0.1", "10.0.0.2"]));
+        state.upsert_slice(slice("b", "web", true, &["10.0.0.2", "10.0.0.3"]));
+        let eps = state.endpoints(&spn("web"), IpFamily::V4);
+        let summary: Vec<(String, bool)> = eps.iter().map(|e| (e.address(), e.ready)).collect();
+        assert_eq!(
+            summary,
+            vec![("10.0.0.1:8080".into(), false), ("10.0.0.2:8080".into(), true), ("10.0.0.3:8080".into(), true)]
+        );
+        assert!(state.endpoints(&spn("other"), IpFamily::V4).is_empty());
+        assert!(state.endpoints(&spn("web"), IpFamily::V6).is_empty());
+    }
+
+    #[test]
+    fn relabelled_slice_moves_between_services() {
+        let mut state = ClusterState::new();
+        state.upsert_slice(slice("a", "web", true, &["10.0.0.1"]));
+        let changed = state.upsert_slice(slice("a", "api", true, &["10.0.0.1"]));
+        assert_eq!(changed, vec![NamespacedName::new("ns", "web"), NamespacedName::new("ns", "api")]);
+        assert!(state.endpoints(&spn("web"), IpFamily::V4).is_empty());
+        assert_eq!(state.endpoints(&spn("api"), IpFamily::V4).len(), 1);
+        assert!(state.upsert_slice(slice("a", "api", true, &["10.0.0.1"])).is_empty(), "no-op update");
+        assert_eq!(state.remove_slice(&NamespacedName::new("ns", "a")), Some(NamespacedName::new("ns", "api")));
+        assert_eq!(state.slice_count(), 0);
+    }
+
+    #[test]
+    fn service_port_names_print_like_upstream() {
+        assert_eq!(spn("web").to_string(), "ns/web:http");
+        let unnamed = ServicePortName { port: String::new(), ..spn("web") };
+        assert_eq!(unnamed.to_string(), "ns/web");
+    }
+}
