@@ -218,3 +218,184 @@ fn every_shape_round_trips_through_the_kernel() {
     std::fs::remove_file(&path).ok();
     assert_eq!(canonicalize(&nft_list(&other)), canonicalize(&rendered));
 }
+
+fn state_from(yaml: &str, hostname: &str) -> nftproxy::model::ClusterState {
+    let mut m = nftproxy::source::manifests::Manifests::default();
+    nftproxy::source::manifests::load_text(std::path::Path::new("test.yaml"), yaml, &mut m);
+    nftproxy::source::state_from_manifests(&m, hostname).0
+}
+
+fn handles(listing: &str, chain: &str) -> Vec<String> {
+    let mut inside = false;
+    let mut out = Vec::new();
+    for line in listing.lines() {
+        if line.trim_start().starts_with(&format!("chain {chain} ")) {
+            inside = true;
+        } else if inside && line.trim() == "}" {
+            break;
+        } else if inside {
+            if let Some(h) = line.split("# handle ").nth(1) {
+                out.push(h.trim().to_string());
+            }
+        }
+    }
+    out
+}
+
+#[test]
+fn one_endpoint_change_sends_only_what_changed() {
+    if skip_unless_privileged() {
+        return;
+    }
+    let ns = Netns::create("partial").unwrap();
+    let mut config = nftproxy::config::ProxyConfig::new("node1");
+    config.cluster_cidrs = nftproxy::config::parse_cidrs("x", "10.244.0.0/16").unwrap();
+    let yaml = nftproxy::demo::DEMO_MANIFESTS;
+    let changed = yaml.replace("10.244.2.10", "10.244.2.11");
+    let (before, after) = (state_from(yaml, "node1"), state_from(&changed, "node1"));
+    let first = ns
+        .run(|| {
+            let mut k = Kernel::open().unwrap();
+            nftproxy::reconcile::sync_with_kernel(&mut k, &config, &nftproxy::cli::plan_for(&config, &before)).unwrap()
+        })
+        .unwrap();
+    assert!(first.apply.messages > 40);
+    let listing_before = String::from_utf8(ns.exec("nft", &["-a", "list", "ruleset"]).unwrap().stdout).unwrap();
+
+    let planned = nftproxy::cli::plan_for(&config, &after);
+    let second = ns
+        .run(|| {
+            let mut k = Kernel::open().unwrap();
+            nftproxy::reconcile::sync_with_kernel(&mut k, &config, &planned).unwrap()
+        })
+        .unwrap();
+    // One endpoint replaced, same count: map elements only, in both endpoint maps (TCP and UDP)
+    // and the hairpin set. No chain is flushed, no rule rewritten.
+    let mut ops = second.transaction.summary();
+    ops.sort();
+    let tcp = "endpoints-SUSTUHLJ-default/web/tcp/http";
+    let udp = "endpoints-BWCNA5CK-default/web/udp/echo-udp";
+    let mut expected = vec![
+        format!("add element ip nftproxy {tcp} (1 elements)"),
+        format!("add element ip nftproxy {udp} (1 elements)"),
+        "add element ip nftproxy hairpin-endpoints (1 elements)".to_string(),
+        format!("delete element ip nftproxy {tcp} (1 elements)"),
+        format!("delete element ip nftproxy {udp} (1 elements)"),
+        "delete element ip nftproxy hairpin-endpoints (1 elements)".to_string(),
+    ];
+    expected.sort();
+    assert_eq!(ops, expected);
+    assert_eq!(second.apply.messages, 6);
+
+    let listing_after = String::from_utf8(ns.exec("nft", &["-a", "list", "ruleset"]).unwrap().stdout).unwrap();
+    assert!(listing_after.contains("10.244.2.11 . 8080") && !listing_after.contains("10.244.2.10 . 8080"));
+    for chain in ["services", "masquerading", "service-SUSTUHLJ-default/web/tcp/http"] {
+        assert_eq!(handles(&listing_before, chain), handles(&listing_after, chain), "rules of {chain} untouched");
+        assert!(!handles(&listing_after, chain).is_empty());
+    }
+    let plain = String::from_utf8(ns.exec("nft", &["list", "ruleset"]).unwrap().stdout).unwrap();
+    assert_eq!(canonicalize(&plain), canonicalize(&planned.ruleset.to_string()));
+}
+
+#[test]
+fn a_rejected_element_is_traced_to_its_owner() {
+    if skip_unless_privileged() {
+        return;
+    }
+    let ns = Netns::create("errmap").unwrap();
+    let family = IpFamily::V4;
+    let mut table = Table::new(family, "nftproxy", None);
+    let mut map = Set::new("service-ips", SetShape::ServiceVerdicts(family), Owner::infrastructure());
+    for i in 1..=50u8 {
+        map.insert(
+            vec![Value::Addr(ip(&format!("10.96.0.{i}"))), Value::Proto(L4Proto::Tcp), Value::Port(80)],
+            Element::verdict(Verdict::Goto("ok".into()), Owner::new(format!("ns/svc{i}:http"))),
+        );
+    }
+    // This element points at a chain that does not exist.
+    map.insert(
+        vec![Value::Addr(ip("10.96.1.1")), Value::Proto(L4Proto::Tcp), Value::Port(80)],
+        Element::verdict(Verdict::Goto("missing".into()), Owner::new("ns/broken:http")),
+    );
+    table.add_set(map);
+    table.add_chain(Chain::regular("ok", Owner::infrastructure()));
+    let wire = lower_ruleset(&Ruleset { tables: vec![table] });
+    let err = ns
+        .run(|| {
+            let mut k = Kernel::open().unwrap();
+            let result = k.apply(&diff(&nftproxy::nft::WireRuleset::default(), &wire));
+            // Atomic: nothing was created.
+            assert!(k.read(&[(family, "nftproxy")]).unwrap().tables.is_empty());
+            result
+        })
+        .unwrap()
+        .expect_err("the kernel must refuse a goto to a missing chain");
+    let nftproxy::netlink::NetlinkError::Rejected(failures) = &err else { panic!("{err}") };
+    assert_eq!(failures.len(), 1, "{err}");
+    assert_eq!(failures[0].errno, libc::ENOENT);
+    assert_eq!(failures[0].owners, vec![Owner::new("ns/broken:http")], "{err}");
+    assert!(err.to_string().contains("add element ip nftproxy service-ips"), "{err}");
+}
+
+#[test]
+fn golden_rulesets_load_in_nft_and_list_identically() {
+    if skip_unless_privileged() {
+        return;
+    }
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("nft-templates");
+    let mut checked = 0;
+    for entry in std::fs::read_dir(&dir).unwrap() {
+        let path = entry.unwrap().path();
+        if path.extension().and_then(|e| e.to_str()) != Some("nft") {
+            continue;
+        }
+        let ns = Netns::create("golden").unwrap();
+        ns.exec("nft", &["-f", path.to_str().unwrap()]).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        let golden = std::fs::read_to_string(&path).unwrap();
+        assert_eq!(canonicalize(&nft_list(&ns)), canonicalize(&golden), "{}", path.display());
+        checked += 1;
+    }
+    assert!(checked >= 1);
+}
+
+#[test]
+fn sync_exits_non_zero_and_says_why_when_the_kernel_refuses() {
+    if skip_unless_privileged() {
+        return;
+    }
+    let ns = Netns::create("owned").unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let manifests = dir.path().join("cluster.yaml");
+    std::fs::write(&manifests, nftproxy::demo::DEMO_MANIFESTS).unwrap();
+    // Another process owns a table named nftproxy (NFT_TABLE_F_OWNER): the kernel refuses
+    // every change from anyone else.
+    let (ready_tx, ready_rx) = std::sync::mpsc::channel();
+    let (done_tx, done_rx) = std::sync::mpsc::channel::<()>();
+    let holder = ns.spawn(move || {
+        let mut k = Kernel::open().unwrap();
+        let tx = nftproxy::nft::Transaction {
+            ops: vec![nftproxy::nft::Op {
+                family: IpFamily::V4,
+                table: "nftproxy".into(),
+                kind: nftproxy::nft::OpKind::AddTable { flags: nftproxy::nft::wire::consts::TABLE_F_OWNER, userdata: None },
+                owner: Owner::infrastructure(),
+            }],
+        };
+        k.apply(&tx).unwrap();
+        ready_tx.send(()).unwrap();
+        let _ = done_rx.recv();
+    });
+    ready_rx.recv().unwrap();
+    let out = ns
+        .command(env!("CARGO_BIN_EXE_nftproxy"))
+        .args(["sync", "--manifests", manifests.to_str().unwrap(), "--hostname-override", "node1"])
+        .output()
+        .unwrap();
+    done_tx.send(()).unwrap();
+    holder.join().unwrap().unwrap();
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("the kernel rejected the transaction"), "{stderr}");
+    assert!(stderr.contains("Operation not permitted"), "{stderr}");
+    assert!(stderr.contains("ip nftproxy"), "names the object: {stderr}");
+}

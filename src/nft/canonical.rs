@@ -2,7 +2,8 @@
 //!
 //! nft prints sets and chains in the order they were created and set elements in hash order,
 //! wrapped to its line width. Canonical text sorts tables, blocks and elements and puts one
-//! element per line; everything else (every rule, every attribute line) must match exactly.
+//! element per line, and drops `#` comment lines; everything else (every rule, every attribute
+//! line) must match exactly.
 
 /// Canonical form of ruleset text.
 pub fn canonicalize(text: &str) -> String {
@@ -10,7 +11,7 @@ pub fn canonicalize(text: &str) -> String {
     let mut lines = text.lines().peekable();
     while let Some(line) = lines.next() {
         let trimmed = line.trim();
-        if trimmed.is_empty() {
+        if trimmed.is_empty() || trimmed.starts_with('#') {
             continue;
         }
         if trimmed.starts_with("table ") && trimmed.ends_with('{') {

@@ -265,11 +265,16 @@ fn diff_table(have: &WireTable, want: &WireTable, tx: &mut Transaction) {
     }
 }
 
+/// Keys to delete, with the owner a failure is reported against.
+type ElementDeletes = Vec<(WireKey, Owner)>;
+/// Elements to add.
+type ElementAdds = Vec<(WireKey, WireElement)>;
+
 /// Element keys to delete (gone or changed) and elements to add (new or changed).
 fn diff_elements(
     have: &BTreeMap<WireKey, WireElement>,
     want: &BTreeMap<WireKey, WireElement>,
-) -> (Vec<(WireKey, Owner)>, Vec<(WireKey, WireElement)>) {
+) -> (ElementDeletes, ElementAdds) {
     let mut dels = Vec::new();
     let mut adds = Vec::new();
     for (key, old) in have {

@@ -627,3 +627,6 @@ impl ServicePortPlan<'_> {
         table.add_chain(chain);
     }
 }
+
+#[cfg(test)]
+pub(crate) mod tests;

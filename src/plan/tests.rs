@@ -1,0 +1,253 @@
+//! Planner tests: golden rulesets (`nft-templates/`) and the diffs between plans, applied to the
+//! fake kernel so that ordering and reference bugs fail here too.
+
+use std::path::{Path, PathBuf};
+
+use super::*;
+use crate::config::{ProxyConfig, parse_cidrs};
+use crate::netlink::{FakeNetfilter, Netfilter};
+use crate::nft::diff::{OpKind, Transaction, diff};
+use crate::nft::lower::lower_ruleset;
+use crate::nft::wire::WireRuleset;
+use crate::source::{manifests, state_from_manifests};
+
+/// The node every fixture runs on.
+pub const NODE: &str = "node1";
+
+/// A cluster state from manifest YAML.
+pub fn state(yaml: &str) -> ClusterState {
+    let mut m = manifests::Manifests::default();
+    manifests::load_text(Path::new("fixture.yaml"), yaml, &mut m);
+    assert!(m.problems.is_empty(), "fixture problems: {:?}", m.problems);
+    let (state, problems) = state_from_manifests(&m, NODE);
+    assert!(problems.is_empty(), "fixture problems: {problems:?}");
+    state
+}
+
+/// The settings fixtures use: cluster CIDR 10.0.0.0/8.
+pub fn config() -> ProxyConfig {
+    let mut c = ProxyConfig::new(NODE);
+    c.cluster_cidrs = parse_cidrs("--cluster-cidr", "10.0.0.0/8").unwrap_or_default();
+    c
+}
+
+fn svc2_http() -> String {
+    use crate::model::ServicePortName;
+    let spn = ServicePortName { service: NamespacedName::new("ns2", "svc2"), port: "http".into(), protocol: crate::net::L4Proto::Tcp };
+    names::service_port_base(&spn)
+}
+
+/// Plans with node ports on 192.168.0.2 / fd00:192:168::2.
+pub fn plan_with(config: &ProxyConfig, state: &ClusterState) -> Plan {
+    let v4 = NodePorts::Addresses(vec!["192.168.0.2".parse().unwrap()]);
+    let v6 = NodePorts::Addresses(vec!["fd00:192:168::2".parse().unwrap()]);
+    plan(&PlanInput { config, state, nodeports_v4: &v4, nodeports_v6: &v6 })
+}
+
+fn golden_path(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("nft-templates").join(name)
+}
+
+/// Compares a rendering with its golden file; `NFTPROXY_UPDATE_GOLDEN=1` rewrites the file.
+pub fn assert_golden(name: &str, rendered: &str) {
+    let path = golden_path(name);
+    if std::env::var_os("NFTPROXY_UPDATE_GOLDEN").is_some() {
+        let old = std::fs::read_to_string(&path).unwrap_or_default();
+        let header: String = old.lines().take_while(|l| l.starts_with('#')).map(|l| format!("{l}\n")).collect();
+        std::fs::write(&path, format!("{header}{rendered}")).unwrap();
+    }
+    let expected = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    let expected: String = expected.lines().filter(|l| !l.starts_with('#')).map(|l| format!("{l}\n")).collect();
+    assert_eq!(rendered, expected, "render differs from {}", path.display());
+}
+
+/// The ClusterIP scenario of `nft-templates/clusterip.nft`.
+pub const CLUSTERIP: &str = r#"
+apiVersion: v1
+kind: Service
+metadata: {name: svc1, namespace: ns1}
+spec:
+  clusterIP: 172.30.0.41
+  ports: [{name: p80, port: 80, protocol: TCP}]
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {name: svc1-abc, namespace: ns1, labels: {kubernetes.io/service-name: svc1}}
+addressType: IPv4
+ports: [{name: p80, port: 80, protocol: TCP}]
+endpoints:
+- {addresses: ["10.180.0.1"], nodeName: node1}
+---
+apiVersion: v1
+kind: Service
+metadata: {name: svc2, namespace: ns2}
+spec:
+  clusterIP: 172.30.0.42
+  ports:
+  - {name: http, port: 80, protocol: TCP, targetPort: 8080}
+  - {name: dns-udp, port: 53, protocol: UDP}
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {name: svc2-abc, namespace: ns2, labels: {kubernetes.io/service-name: svc2}}
+addressType: IPv4
+ports: [{name: http, port: 8080, protocol: TCP}, {name: dns-udp, port: 53, protocol: UDP}]
+endpoints:
+- {addresses: ["10.180.0.2"], nodeName: node1}
+- {addresses: ["10.180.2.1"], nodeName: node2}
+- {addresses: ["10.180.3.1"], nodeName: node3, conditions: {ready: false, serving: true, terminating: true}}
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {name: svc2-def, namespace: ns2, labels: {kubernetes.io/service-name: svc2}}
+addressType: IPv4
+ports: [{name: http, port: 8080, protocol: TCP}]
+endpoints:
+- {addresses: ["10.180.4.1"], nodeName: node4}
+---
+apiVersion: v1
+kind: Service
+metadata: {name: svc3, namespace: ns3}
+spec:
+  clusterIP: 172.30.0.43
+  ports: [{name: p80, port: 80, protocol: TCP}]
+"#;
+
+fn wire(plan: &Plan) -> WireRuleset {
+    lower_ruleset(&plan.ruleset)
+}
+
+/// Applies `from` then the diff to `to` on the fake kernel, checks the result equals `to`, and
+/// returns the diff.
+fn transition(from: &Plan, to: &Plan) -> Transaction {
+    let mut kernel = FakeNetfilter::new();
+    kernel.apply(&diff(&WireRuleset::default(), &wire(from))).unwrap();
+    let tx = diff(&kernel.state, &wire(to));
+    kernel.apply(&tx).unwrap_or_else(|e| panic!("kernel refused the diff: {e}\n{:#?}", tx.summary()));
+    assert!(diff(&kernel.state, &wire(to)).is_empty(), "state after the diff differs from the plan");
+    tx
+}
+
+fn summary(tx: &Transaction) -> Vec<String> {
+    tx.summary()
+}
+
+#[test]
+fn clusterip_golden() {
+    let p = plan_with(&config(), &state(CLUSTERIP));
+    assert_golden("clusterip.nft", &p.ruleset.to_string());
+    assert_eq!(p.stats.service_ports, 4);
+    assert_eq!(p.stats.no_endpoints, 1);
+    // svc2:http has 3 ready endpoints; the terminating one is not used while ready ones exist.
+    assert_eq!(p.stats.endpoints, 1 + 3 + 2);
+}
+
+#[test]
+fn masquerade_all_marks_every_clusterip_packet() {
+    let mut c = config();
+    c.masquerade_all = true;
+    let p = plan_with(&c, &state(CLUSTERIP));
+    let text = p.ruleset.to_string();
+    assert!(text.contains("ip daddr @cluster-ips jump mark-for-masquerade comment"));
+    assert!(!text.contains("ip saddr != 10.0.0.0/8"));
+    let mut none = config();
+    none.cluster_cidrs.clear();
+    let text = plan_with(&none, &state(CLUSTERIP)).ruleset.to_string();
+    assert!(!text.contains("@cluster-ips jump mark-for-masquerade"), "no detector: no masquerade rule, as upstream");
+    c.masquerade_bit = 3;
+    assert!(plan_with(&c, &state(CLUSTERIP)).ruleset.to_string().contains("meta mark set meta mark | 0x00000008"));
+}
+
+#[test]
+fn removing_the_last_endpoint_leaves_nothing_stale() {
+    let before = plan_with(&config(), &state(CLUSTERIP));
+    let without = CLUSTERIP.replace("- {addresses: [\"10.180.0.1\"], nodeName: node1}\n", "");
+    let after = plan_with(&config(), &state(&without));
+    let tx = transition(&before, &after);
+    let text = after.ruleset.to_string();
+    assert!(!text.contains("ULMVA6XW"), "no chain or map of svc1 is left:\n{text}");
+    assert!(text.contains("172.30.0.41 . tcp . 80 comment \"ns1/svc1:p80\" : goto reject-chain"));
+    assert!(summary(&tx).contains(&"delete chain ip nftproxy service-ULMVA6XW-ns1/svc1/tcp/p80".to_string()));
+}
+
+#[test]
+fn renaming_a_port_replaces_its_objects() {
+    let before = plan_with(&config(), &state(CLUSTERIP));
+    let renamed = CLUSTERIP.replace("name: p80, port: 80, protocol: TCP}]\n---\napiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata: {name: svc1-abc", "name: web, port: 80, protocol: TCP}]\n---\napiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata: {name: svc1-abc")
+        .replace("ports: [{name: p80, port: 80, protocol: TCP}]\nendpoints:\n- {addresses: [\"10.180.0.1\"]", "ports: [{name: web, port: 80, protocol: TCP}]\nendpoints:\n- {addresses: [\"10.180.0.1\"]");
+    let after = plan_with(&config(), &state(&renamed));
+    let text = after.ruleset.to_string();
+    assert!(text.contains("ns1/svc1/tcp/web"), "{text}");
+    assert!(!text.contains("ns1/svc1/tcp/p80"));
+    let tx = transition(&before, &after);
+    let s = summary(&tx);
+    assert!(s.iter().any(|l| l == "delete chain ip nftproxy service-ULMVA6XW-ns1/svc1/tcp/p80"), "{s:#?}");
+}
+
+#[test]
+fn deleting_a_service_removes_all_of_it() {
+    let before = plan_with(&config(), &state(CLUSTERIP));
+    let mut s = state(CLUSTERIP);
+    s.remove_service(&NamespacedName::new("ns2", "svc2"));
+    let after = plan_with(&config(), &s);
+    let text = after.ruleset.to_string();
+    assert!(!text.contains("svc2"), "{text}");
+    assert!(!text.contains("172.30.0.42"));
+    let tx = transition(&before, &after);
+    let deleted_sets = tx.ops.iter().filter(|o| matches!(o.kind, OpKind::DeleteSet { .. })).count();
+    assert_eq!(deleted_sets, 2, "both endpoint maps of svc2: {:#?}", summary(&tx));
+}
+
+#[test]
+fn an_endpoint_swap_is_element_operations_only() {
+    let before = plan_with(&config(), &state(CLUSTERIP));
+    let after = plan_with(&config(), &state(&CLUSTERIP.replace("10.180.4.1", "10.180.4.2")));
+    let tx = transition(&before, &after);
+    let s = summary(&tx);
+    let map = format!("endpoints-{}", svc2_http());
+    assert_eq!(
+        s,
+        vec![
+            "delete element ip nftproxy hairpin-endpoints (1 elements)".to_string(),
+            format!("delete element ip nftproxy {map} (1 elements)"),
+            "add element ip nftproxy hairpin-endpoints (1 elements)".to_string(),
+            format!("add element ip nftproxy {map} (1 elements)"),
+        ],
+        "{s:#?}"
+    );
+}
+
+#[test]
+fn adding_an_endpoint_rewrites_only_its_chain() {
+    let before = plan_with(&config(), &state(CLUSTERIP));
+    let more = CLUSTERIP.replace(
+        "- {addresses: [\"10.180.4.1\"], nodeName: node4}",
+        "- {addresses: [\"10.180.4.1\"], nodeName: node4}\n- {addresses: [\"10.180.5.1\"], nodeName: node5}",
+    );
+    let after = plan_with(&config(), &state(&more));
+    let tx = transition(&before, &after);
+    let s = summary(&tx);
+    assert!(s.contains(&format!("flush chain ip nftproxy service-{}", svc2_http())), "{s:#?}");
+    assert_eq!(s.iter().filter(|l| l.starts_with("flush chain")).count(), 1);
+    assert_eq!(s.iter().filter(|l| l.starts_with("add rule")).count(), 1);
+    assert!(!s.iter().any(|l| l.contains("delete")), "nothing is deleted: {s:#?}");
+}
+
+#[test]
+fn the_same_state_plans_the_same_ruleset() {
+    let a = plan_with(&config(), &state(CLUSTERIP));
+    let b = plan_with(&config(), &state(CLUSTERIP));
+    assert_eq!(a.ruleset, b.ruleset);
+    assert!(diff(&wire(&a), &wire(&b)).is_empty());
+}
+
+#[test]
+fn deleting_everything_deletes_the_tables() {
+    let before = plan_with(&config(), &state(CLUSTERIP));
+    let mut kernel = FakeNetfilter::new();
+    kernel.apply(&diff(&WireRuleset::default(), &wire(&before))).unwrap();
+    let tx = diff(&kernel.state, &WireRuleset::default());
+    assert_eq!(summary(&tx), vec!["delete table ip nftproxy"]);
+    kernel.apply(&tx).unwrap();
+    assert!(kernel.state.tables.is_empty());
+}
