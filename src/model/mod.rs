@@ -313,6 +313,21 @@ impl ClusterState {
         self.slices.get(service).into_iter().flat_map(|m| m.values())
     }
 
+    /// Services whose ports or endpoints differ between `self` and `other` (present in either).
+    pub fn changed_services(&self, other: &ClusterState) -> std::collections::BTreeSet<NamespacedName> {
+        let mut changed = std::collections::BTreeSet::new();
+        let names = self.services.keys().chain(other.services.keys()).chain(self.slices.keys()).chain(other.slices.keys());
+        for name in names {
+            if changed.contains(name) {
+                continue;
+            }
+            if self.services.get(name) != other.services.get(name) || self.slices.get(name) != other.slices.get(name) {
+                changed.insert(name.clone());
+            }
+        }
+        changed
+    }
+
     /// The endpoints of a service port in one family: every slice of the service that has a
     /// port with this name and protocol contributes its addresses with that port's number.
     /// Duplicates (the same ip:port in several slices) merge, preferring the most usable copy.

@@ -1,16 +1,30 @@
-//! The one place effects run in order: plan → lower → diff against the kernel → apply.
+//! The one place effects run in order: source events → cluster state → plan → diff → apply.
+//!
+//! [`Reconciler`] keeps the cluster state and what it last applied. A **partial** sync diffs the
+//! new plan against that in-memory copy and sends only the difference; a **full** sync (at start,
+//! every `--sync-period`, and after any failure) reads nftproxy's tables back from the kernel
+//! instead, so anything that drifted (a flushed chain, a deleted element, a deleted table) is
+//! repaired in the same single transaction.
 
+pub mod runner;
+
+use std::collections::{BTreeSet, HashSet};
+use std::fmt;
 use std::time::{Duration, Instant};
 
 use thiserror::Error;
+use tracing::{debug, info, info_span, warn};
 
 use crate::config::ProxyConfig;
+use crate::model::{ClusterState, NamespacedName, NodeInfo, Problem, convert};
 use crate::net::IpFamily;
 use crate::netlink::{ApplyStats, NetlinkError, Netfilter};
 use crate::nft::diff::{Transaction, diff};
 use crate::nft::lower::lower_ruleset;
 use crate::nft::wire::WireRuleset;
-use crate::plan::Plan;
+use crate::nodeaddr::NodePortTargets;
+use crate::plan::{HealthCheck, Plan, PlanInput, plan};
+use crate::source::{Event, Kind};
 
 /// Errors of a sync.
 #[derive(Debug, Error)]
@@ -19,13 +33,41 @@ pub enum SyncError {
     Netlink(#[from] NetlinkError),
 }
 
+/// Why a sync runs (logged, and a metric label).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum SyncReason {
+    Startup,
+    Changes,
+    Periodic,
+    PreviousFailure,
+    NodeChanged,
+}
+
+impl fmt::Display for SyncReason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            SyncReason::Startup => "startup",
+            SyncReason::Changes => "changes",
+            SyncReason::Periodic => "periodic",
+            SyncReason::PreviousFailure => "previous-failure",
+            SyncReason::NodeChanged => "node-changed",
+        })
+    }
+}
+
 /// What one sync did.
 #[derive(Debug, Clone)]
 pub struct SyncReport {
+    pub reason: SyncReason,
+    pub full: bool,
     /// The operations sent (empty when the kernel already matched).
     pub transaction: Transaction,
     pub apply: ApplyStats,
-    /// Time reading the kernel's tables back.
+    /// Operations that repaired drift found by a full sync (0 on partial syncs).
+    pub drift_repairs: usize,
+    pub services_changed: usize,
+    pub plan: Duration,
+    /// Time reading the kernel's tables back (full syncs).
     pub read: Duration,
     /// Time lowering and diffing.
     pub diff: Duration,
@@ -38,7 +80,7 @@ pub fn table_names(config: &ProxyConfig) -> Vec<(IpFamily, &str)> {
 }
 
 /// Reads nftproxy's tables, diffs them with the plan and applies the difference as one
-/// transaction. Tables of a family the plan no longer has are deleted.
+/// transaction (the one-shot `sync`). Tables of a family the plan no longer has are deleted.
 pub fn sync_with_kernel(nf: &mut dyn Netfilter, config: &ProxyConfig, plan: &Plan) -> Result<SyncReport, SyncError> {
     let started = Instant::now();
     let current = nf.read(&table_names(config))?;
@@ -48,18 +90,18 @@ pub fn sync_with_kernel(nf: &mut dyn Netfilter, config: &ProxyConfig, plan: &Pla
     let transaction = diff(&current, &desired);
     let diff_time = diffed.elapsed();
     let apply = nf.apply(&transaction)?;
-    Ok(SyncReport { transaction, apply, read, diff: diff_time, total: started.elapsed() })
-}
-
-/// Applies the difference between an applied ruleset nftproxy remembers and the plan.
-pub fn sync_from(
-    nf: &mut dyn Netfilter,
-    applied: &WireRuleset,
-    desired: &WireRuleset,
-) -> Result<(Transaction, ApplyStats), SyncError> {
-    let transaction = diff(applied, desired);
-    let stats = nf.apply(&transaction)?;
-    Ok((transaction, stats))
+    Ok(SyncReport {
+        reason: SyncReason::Startup,
+        full: true,
+        transaction,
+        apply,
+        drift_repairs: 0,
+        services_changed: plan.stats.services,
+        plan: Duration::ZERO,
+        read,
+        diff: diff_time,
+        total: started.elapsed(),
+    })
 }
 
 /// Deletes nftproxy's tables (and nothing else). Returns how many there were.
@@ -69,4 +111,247 @@ pub fn cleanup(nf: &mut dyn Netfilter, config: &ProxyConfig) -> Result<usize, Sy
     let transaction = diff(&current, &WireRuleset::default());
     nf.apply(&transaction)?;
     Ok(n)
+}
+
+/// Resolves node-port addresses for a plan (reads interfaces; tests substitute fixed values).
+pub type NodePortResolver = Box<dyn FnMut(&ProxyConfig, Option<&NodeInfo>) -> NodePortTargets + Send>;
+
+/// The resolver reading this namespace's interfaces.
+pub fn local_nodeports() -> NodePortResolver {
+    Box::new(|config: &ProxyConfig, node: Option<&NodeInfo>| crate::nodeaddr::resolve(&config.nodeport_addresses, node))
+}
+
+/// What observers (health servers, metrics, conntrack cleanup) learn after a successful sync.
+#[derive(Debug, Clone)]
+pub struct Synced {
+    pub at: Instant,
+    pub health_checks: Vec<HealthCheck>,
+    pub plan: Plan,
+    pub report: SyncReport,
+}
+
+/// The reconciler's state.
+pub struct Reconciler {
+    config: ProxyConfig,
+    nf: Box<dyn Netfilter + Send>,
+    nodeports: NodePortResolver,
+    state: ClusterState,
+    pending: BTreeSet<NamespacedName>,
+    node_changed: bool,
+    synced_kinds: HashSet<Kind>,
+    applied: Option<WireRuleset>,
+    needs_full: bool,
+    problems: Vec<Problem>,
+}
+
+impl Reconciler {
+    /// A reconciler applying to `nf`.
+    pub fn new(config: ProxyConfig, nf: Box<dyn Netfilter + Send>, nodeports: NodePortResolver) -> Reconciler {
+        Reconciler {
+            config,
+            nf,
+            nodeports,
+            state: ClusterState::new(),
+            pending: BTreeSet::new(),
+            node_changed: false,
+            synced_kinds: HashSet::new(),
+            applied: None,
+            needs_full: true,
+            problems: Vec::new(),
+        }
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &ProxyConfig {
+        &self.config
+    }
+
+    /// The cluster state as last seen.
+    pub fn state(&self) -> &ClusterState {
+        &self.state
+    }
+
+    /// Whether the first complete lists of Services and EndpointSlices have arrived (upstream
+    /// never syncs before that, so a restart does not briefly program a partial view).
+    pub fn ready(&self) -> bool {
+        self.synced_kinds.contains(&Kind::Services) && self.synced_kinds.contains(&Kind::EndpointSlices)
+    }
+
+    /// Whether there is something to sync.
+    pub fn has_changes(&self) -> bool {
+        !self.pending.is_empty() || self.node_changed
+    }
+
+    /// Whether the next sync must be full.
+    pub fn needs_full(&self) -> bool {
+        self.needs_full || self.applied.is_none()
+    }
+
+    /// Asks for a full sync next time.
+    pub fn request_full(&mut self) {
+        self.needs_full = true;
+    }
+
+    /// Problems reported since the last call (for Events and metrics).
+    pub fn take_problems(&mut self) -> Vec<Problem> {
+        std::mem::take(&mut self.problems)
+    }
+
+    fn report(&mut self, problems: Vec<Problem>) {
+        for p in &problems {
+            warn!("{p}");
+        }
+        self.problems.extend(problems);
+    }
+
+    /// Folds one source event into the state.
+    pub fn on_event(&mut self, event: Event) {
+        match event {
+            Event::Snapshot(snapshot) => {
+                let (new, problems) = crate::source::state_from_snapshot(&snapshot, &self.config.hostname);
+                self.report(problems);
+                let changed = self.state.changed_services(&new);
+                if self.state.node() != new.node() {
+                    self.node_changed = true;
+                }
+                debug!(changed = changed.len(), "snapshot");
+                self.pending.extend(changed);
+                self.state = new;
+            }
+            Event::ServiceApplied(svc) => {
+                let name = NamespacedName::new(
+                    svc.metadata.namespace.clone().unwrap_or_else(|| "default".into()),
+                    svc.metadata.name.clone().unwrap_or_default(),
+                );
+                let converted = convert::service(&svc);
+                self.report(converted.problems);
+                let changed = match converted.value {
+                    Some(info) => self.state.upsert_service(info),
+                    None => self.state.remove_service(&name),
+                };
+                if changed {
+                    self.pending.insert(name);
+                }
+            }
+            Event::ServiceDeleted(name) => {
+                if self.state.remove_service(&name) {
+                    self.pending.insert(name);
+                }
+            }
+            Event::SliceApplied(slice) => {
+                let name = NamespacedName::new(
+                    slice.metadata.namespace.clone().unwrap_or_else(|| "default".into()),
+                    slice.metadata.name.clone().unwrap_or_default(),
+                );
+                let converted = convert::endpoint_slice(&slice);
+                self.report(converted.problems);
+                match converted.value {
+                    Some(info) => self.pending.extend(self.state.upsert_slice(info)),
+                    None => self.pending.extend(self.state.remove_slice(&name)),
+                }
+            }
+            Event::SliceDeleted(name) => self.pending.extend(self.state.remove_slice(&name)),
+            Event::NodeApplied(node) => {
+                if node.metadata.name.as_deref() != Some(self.config.hostname.as_str()) {
+                    return;
+                }
+                let converted = convert::node(&node);
+                self.report(converted.problems);
+                if self.state.set_node(converted.value) {
+                    self.node_changed = true;
+                }
+            }
+            Event::NodeDeleted => {
+                if self.state.set_node(None) {
+                    self.node_changed = true;
+                }
+            }
+            Event::Synced(kind) => {
+                self.synced_kinds.insert(kind);
+            }
+        }
+    }
+
+    /// Plans and applies. `full` forces a read-back of the kernel's tables.
+    pub fn sync(&mut self, reason: SyncReason, full: bool) -> Result<Synced, SyncError> {
+        let full = full || self.needs_full();
+        let span = info_span!("sync", %reason, full);
+        let _enter = span.enter();
+        let started = Instant::now();
+        let services_changed = self.pending.len();
+
+        let targets = (self.nodeports)(&self.config, self.state.node());
+        let planned = plan(&PlanInput {
+            config: &self.config,
+            state: &self.state,
+            nodeports_v4: &targets.v4,
+            nodeports_v6: &targets.v6,
+        });
+        let plan_time = started.elapsed();
+
+        let mut read = Duration::ZERO;
+        let mut drift_repairs = 0;
+        let diffed = Instant::now();
+        let desired = lower_ruleset(&planned.ruleset);
+        let transaction = if full {
+            let reading = Instant::now();
+            let kernel = match self.nf.read(&table_names(&self.config)) {
+                Ok(k) => k,
+                Err(e) => {
+                    self.needs_full = true;
+                    return Err(e.into());
+                }
+            };
+            read = reading.elapsed();
+            if let Some(applied) = &self.applied {
+                // What the kernel lost or gained behind our back, measured against what we
+                // last applied (not against the new plan, which also holds the changes).
+                drift_repairs = diff(&kernel, applied).ops.len();
+            }
+            diff(&kernel, &desired)
+        } else {
+            diff(self.applied.as_ref().unwrap_or(&WireRuleset::default()), &desired)
+        };
+        let diff_time = diffed.elapsed() - read;
+
+        match self.nf.apply(&transaction) {
+            Ok(apply) => {
+                self.applied = Some(desired);
+                self.needs_full = false;
+                self.pending.clear();
+                self.node_changed = false;
+                let report = SyncReport {
+                    reason,
+                    full,
+                    apply,
+                    drift_repairs,
+                    services_changed,
+                    plan: plan_time,
+                    read,
+                    diff: diff_time,
+                    total: started.elapsed(),
+                    transaction,
+                };
+                if drift_repairs > 0 {
+                    warn!(operations = drift_repairs, "repaired drift: nftproxy's tables had been changed outside nftproxy");
+                }
+                info!(
+                    services = planned.stats.services,
+                    ports = planned.stats.service_ports,
+                    endpoints = planned.stats.endpoints,
+                    changed = services_changed,
+                    messages = report.apply.messages,
+                    ms = format!("{:.1}", report.total.as_secs_f64() * 1000.0),
+                    kernel_ms = format!("{:.1}", report.apply.kernel.as_secs_f64() * 1000.0),
+                    "synced"
+                );
+                Ok(Synced { at: Instant::now(), health_checks: planned.health_checks.clone(), plan: planned, report })
+            }
+            Err(e) => {
+                self.needs_full = true;
+                warn!(error = %e, "sync failed; the next sync is a full one");
+                Err(e.into())
+            }
+        }
+    }
 }

@@ -1,6 +1,45 @@
-//! Where Kubernetes objects come from. Every source ends in the same [`ClusterState`].
+//! Where Kubernetes objects come from. Every source emits the same [`Event`]s, which the
+//! reconciler folds into its [`ClusterState`].
 
 pub mod manifests;
+pub mod watch;
+
+use k8s_openapi::api::core::v1::{Node, Service};
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+
+/// Something a source observed.
+#[derive(Debug, Clone)]
+pub enum Event {
+    /// A complete set of objects that replaces everything seen before (manifests, relist).
+    Snapshot(Box<Snapshot>),
+    ServiceApplied(Box<Service>),
+    ServiceDeleted(NamespacedName),
+    SliceApplied(Box<EndpointSlice>),
+    SliceDeleted(NamespacedName),
+    /// This node's Node object.
+    NodeApplied(Box<Node>),
+    NodeDeleted,
+    /// The first complete list of a kind has been delivered.
+    Synced(Kind),
+}
+
+/// Object kinds a source lists.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Kind {
+    Services,
+    EndpointSlices,
+    Nodes,
+}
+
+/// Everything a source knows at one moment.
+#[derive(Debug, Clone, Default)]
+pub struct Snapshot {
+    pub services: Vec<Service>,
+    pub slices: Vec<EndpointSlice>,
+    pub nodes: Vec<Node>,
+    /// Problems found while reading (already logged by the source).
+    pub problems: usize,
+}
 
 use crate::model::{ClusterState, NamespacedName, Problem, convert};
 use manifests::Manifests;
@@ -8,10 +47,19 @@ use manifests::Manifests;
 /// Builds the cluster state from loaded manifests. Objects that cannot be used are reported;
 /// a later definition of the same object replaces an earlier one (with a warning problem).
 pub fn state_from_manifests(m: &Manifests, hostname: &str) -> (ClusterState, Vec<Problem>) {
+    state_from_objects(&m.services, &m.slices, &m.nodes, hostname)
+}
+
+/// Builds the cluster state from a snapshot.
+pub fn state_from_snapshot(s: &Snapshot, hostname: &str) -> (ClusterState, Vec<Problem>) {
+    state_from_objects(&s.services, &s.slices, &s.nodes, hostname)
+}
+
+fn state_from_objects(services: &[Service], slices: &[EndpointSlice], nodes: &[Node], hostname: &str) -> (ClusterState, Vec<Problem>) {
     let mut state = ClusterState::new();
     let mut problems = Vec::new();
     let mut seen_services = std::collections::BTreeSet::new();
-    for svc in &m.services {
+    for svc in services {
         let c = convert::service(svc);
         problems.extend(c.problems);
         if let Some(info) = c.value {
@@ -21,14 +69,14 @@ pub fn state_from_manifests(m: &Manifests, hostname: &str) -> (ClusterState, Vec
             state.upsert_service(info);
         }
     }
-    for slice in &m.slices {
+    for slice in slices {
         let c = convert::endpoint_slice(slice);
         problems.extend(c.problems);
         if let Some(info) = c.value {
             state.upsert_slice(info);
         }
     }
-    for node in &m.nodes {
+    for node in nodes {
         if node.metadata.name.as_deref() != Some(hostname) {
             continue;
         }
