@@ -34,8 +34,32 @@ pub enum Command {
     Sync(ManifestArgs),
     /// Delete nftproxy's tables (and only those) in the current network namespace.
     Cleanup(TableArgs),
+    /// Run as the node's service proxy: watch the sources and keep the kernel in step.
+    Run(RunArgs),
     /// Build a lab of network namespaces, send traffic through a ClusterIP and show the results.
     Demo(crate::demo::DemoArgs),
+}
+
+/// `run` options.
+#[derive(Debug, Args)]
+pub struct RunArgs {
+    /// A YAML/JSON manifest file or a directory of them, watched for changes.
+    #[arg(long, value_name = "PATH")]
+    pub manifests: PathBuf,
+    #[command(flatten)]
+    pub proxy: ProxyArgs,
+    /// Minimum time between syncs: changes arriving faster are applied together.
+    #[arg(long, value_name = "DURATION", default_value = "1s", value_parser = humantime::parse_duration)]
+    pub min_sync_period: std::time::Duration,
+    /// Time between full syncs, which also repair rules changed outside nftproxy.
+    #[arg(long, value_name = "DURATION", default_value = "30s", value_parser = humantime::parse_duration)]
+    pub sync_period: std::time::Duration,
+    /// Address of /healthz and /livez (empty disables).
+    #[arg(long, value_name = "IP:PORT", default_value = "0.0.0.0:10256")]
+    pub healthz_bind_address: String,
+    /// How often manifests are checked for changes.
+    #[arg(long, value_name = "DURATION", default_value = "200ms", value_parser = humantime::parse_duration, hide = true)]
+    pub manifests_poll: std::time::Duration,
 }
 
 /// Where objects come from, plus the proxy flags.
@@ -100,6 +124,18 @@ pub enum CliError {
     Netlink(#[from] NetlinkError),
     #[error(transparent)]
     Demo(#[from] crate::demo::DemoError),
+    #[error(transparent)]
+    Run(#[from] crate::run::RunError),
+    #[error("invalid {flag} {value:?}: expected IP:PORT")]
+    Address { flag: &'static str, value: String },
+}
+
+/// Parses an optional `IP:PORT` flag (empty disables).
+fn bind_address(flag: &'static str, value: &str) -> Result<Option<std::net::SocketAddr>, CliError> {
+    if value.trim().is_empty() {
+        return Ok(None);
+    }
+    value.trim().parse().map(Some).map_err(|_| CliError::Address { flag, value: value.to_string() })
 }
 
 impl ProxyArgs {
@@ -187,6 +223,20 @@ fn execute(cli: Cli) -> Result<(), CliError> {
             let n = reconcile::cleanup(&mut kernel, &config)?;
             println!("deleted {n} nftproxy table(s)");
             Ok(())
+        }
+        Command::Run(args) => {
+            let settings = crate::run::RunSettings {
+                proxy: args.proxy.config()?,
+                source: crate::run::SourceSetting::Manifests(args.manifests.clone()),
+                timing: crate::reconcile::runner::Timing {
+                    min_sync_period: args.min_sync_period,
+                    sync_period: args.sync_period,
+                    ..Default::default()
+                },
+                healthz: bind_address("--healthz-bind-address", &args.healthz_bind_address)?,
+                poll: args.manifests_poll,
+            };
+            Ok(crate::run::run(settings)?)
         }
         Command::Demo(args) => Ok(crate::demo::run(&args)?),
     }

@@ -13,6 +13,8 @@ pub mod config;
 pub mod plan;
 pub mod source;
 pub mod cli;
+pub mod health;
+pub mod run;
 pub mod demo;
 pub mod nodeaddr;
 pub mod reconcile;

@@ -397,11 +397,15 @@ pub fn node(node: &core::Node) -> Converted<NodeInfo> {
             Err(_) => c.field(format!("spec.podCIDRs[{i}]"), format!("invalid CIDR {raw:?}")),
         }
     }
+    let tainted = spec
+        .and_then(|s| s.taints.as_ref())
+        .is_some_and(|t| t.iter().any(|t| t.key == "ToBeDeletedByClusterAutoscaler"));
     c.done(Some(NodeInfo {
         name,
         labels: node.metadata.labels.clone().unwrap_or_default(),
         internal_ips,
         pod_cidrs,
+        being_deleted: node.metadata.deletion_timestamp.is_some() || tainted,
     }))
 }
 

@@ -157,6 +157,9 @@ pub struct NodeInfo {
     /// InternalIP addresses (NodePort's default `primary` addresses).
     pub internal_ips: Vec<IpAddr>,
     pub pod_cidrs: Vec<IpNet>,
+    /// Being deleted (deletionTimestamp set, or tainted `ToBeDeletedByClusterAutoscaler`):
+    /// `/healthz` then fails so load balancers drain the node, as upstream does.
+    pub being_deleted: bool,
 }
 
 impl NodeInfo {

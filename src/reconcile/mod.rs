@@ -125,6 +125,8 @@ pub fn local_nodeports() -> NodePortResolver {
 #[derive(Debug, Clone)]
 pub struct Synced {
     pub at: Instant,
+    /// Where NodePorts (and health-check servers) listen.
+    pub nodeports: NodePortTargets,
     pub health_checks: Vec<HealthCheck>,
     pub plan: Plan,
     pub report: SyncReport,
@@ -133,7 +135,7 @@ pub struct Synced {
 /// The reconciler's state.
 pub struct Reconciler {
     config: ProxyConfig,
-    nf: Box<dyn Netfilter + Send>,
+    nf: Box<dyn Netfilter>,
     nodeports: NodePortResolver,
     state: ClusterState,
     pending: BTreeSet<NamespacedName>,
@@ -146,7 +148,7 @@ pub struct Reconciler {
 
 impl Reconciler {
     /// A reconciler applying to `nf`.
-    pub fn new(config: ProxyConfig, nf: Box<dyn Netfilter + Send>, nodeports: NodePortResolver) -> Reconciler {
+    pub fn new(config: ProxyConfig, nf: Box<dyn Netfilter>, nodeports: NodePortResolver) -> Reconciler {
         Reconciler {
             config,
             nf,
@@ -345,7 +347,13 @@ impl Reconciler {
                     kernel_ms = format!("{:.1}", report.apply.kernel.as_secs_f64() * 1000.0),
                     "synced"
                 );
-                Ok(Synced { at: Instant::now(), health_checks: planned.health_checks.clone(), plan: planned, report })
+                Ok(Synced {
+                    at: Instant::now(),
+                    nodeports: targets,
+                    health_checks: planned.health_checks.clone(),
+                    plan: planned,
+                    report,
+                })
             }
             Err(e) => {
                 self.needs_full = true;
