@@ -225,6 +225,35 @@ fn state_from(yaml: &str, hostname: &str) -> nftproxy::model::ClusterState {
     nftproxy::source::state_from_manifests(&m, hostname).0
 }
 
+/// Service default/web (TCP http and UDP echo-udp, three endpoints) and one without endpoints.
+const PARTIAL_CLUSTER: &str = r#"
+apiVersion: v1
+kind: Service
+metadata: {name: web, namespace: default}
+spec:
+  clusterIP: 10.96.0.10
+  ports:
+  - {name: http, port: 80, protocol: TCP, targetPort: 8080}
+  - {name: echo-udp, port: 53, protocol: UDP, targetPort: 8080}
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {name: web-7f9c2, namespace: default, labels: {kubernetes.io/service-name: web}}
+addressType: IPv4
+ports: [{name: http, port: 8080, protocol: TCP}, {name: echo-udp, port: 8080, protocol: UDP}]
+endpoints:
+- {addresses: ["10.244.1.10"], nodeName: node1}
+- {addresses: ["10.244.1.11"], nodeName: node1}
+- {addresses: ["10.244.2.10"], nodeName: node2}
+---
+apiVersion: v1
+kind: Service
+metadata: {name: no-backends, namespace: default}
+spec:
+  clusterIP: 10.96.0.20
+  ports: [{name: http, port: 80, protocol: TCP}]
+"#;
+
 fn handles(listing: &str, chain: &str) -> Vec<String> {
     let mut inside = false;
     let mut out = Vec::new();
@@ -250,7 +279,7 @@ fn one_endpoint_change_sends_only_what_changed() {
     let ns = Netns::create("partial").unwrap();
     let mut config = nftproxy::config::ProxyConfig::new("node1");
     config.cluster_cidrs = nftproxy::config::parse_cidrs("x", "10.244.0.0/16").unwrap();
-    let yaml = nftproxy::demo::DEMO_MANIFESTS;
+    let yaml = PARTIAL_CLUSTER;
     let changed = yaml.replace("10.244.2.10", "10.244.2.11");
     let (before, after) = (state_from(yaml, "node1"), state_from(&changed, "node1"));
     let first = ns
@@ -262,11 +291,13 @@ fn one_endpoint_change_sends_only_what_changed() {
     assert!(first.apply.messages > 40);
     let listing_before = String::from_utf8(ns.exec("nft", &["-a", "list", "ruleset"]).unwrap().stdout).unwrap();
 
-    let planned = nftproxy::cli::plan_for(&config, &after);
-    let second = ns
+    // Planning reads the node's addresses, so it runs inside the namespace too.
+    let (planned, second) = ns
         .run(|| {
+            let planned = nftproxy::cli::plan_for(&config, &after);
             let mut k = Kernel::open().unwrap();
-            nftproxy::reconcile::sync_with_kernel(&mut k, &config, &planned).unwrap()
+            let report = nftproxy::reconcile::sync_with_kernel(&mut k, &config, &planned).unwrap();
+            (planned, report)
         })
         .unwrap();
     // One endpoint replaced, same count: map elements only, in both endpoint maps (TCP and UDP)

@@ -1,24 +1,24 @@
-//! `nftproxy demo`: a lab of network namespaces (a node with a bridge of pods, a second node, an
-//! external client), the bundled manifests synced into the node, traffic through a ClusterIP,
-//! and the node's ruleset. Everything is removed at the end, also on failure or Ctrl-C.
+//! `nftproxy demo`: a lab of network namespaces (node1 with a bridge of pods, node2, two clients
+//! outside the cluster), `nftproxy run` on node1 with the bundled manifests, and traffic through
+//! a ClusterIP, a NodePort and a Local-policy LoadBalancer IP, showing who answered and which
+//! source address they saw. Everything is removed at the end, also on failure or Ctrl-C.
 
 use std::fmt::Write as _;
 use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::{Child, Stdio};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use clap::Args;
 use thiserror::Error;
 
-use crate::config::{ProxyConfig, parse_cidrs};
 use crate::lab::traffic::{self, Tally};
-use crate::lab::{self, Lab, LabError, ServerSpec};
+use crate::lab::{self, Lab, LabError, Netns, ServerSpec};
 use crate::net::L4Proto;
-use crate::netlink::Kernel;
-use crate::source;
 
-/// The manifests the demo syncs (also `examples/cluster.yaml`).
+/// The manifests the demo runs with (also `examples/cluster.yaml`).
 pub const DEMO_MANIFESTS: &str = include_str!("../examples/cluster.yaml");
 
 /// Demo options.
@@ -36,12 +36,67 @@ pub enum DemoError {
     Lab(#[from] LabError),
     #[error("interrupted; the lab was removed")]
     Interrupted,
-    #[error("sync failed: {0}")]
-    Sync(String),
+    #[error("{0}")]
+    Agent(String),
+}
+
+/// The agent process and its scratch directory, removed on drop.
+struct Agent {
+    child: Child,
+    dir: PathBuf,
+}
+
+impl Drop for Agent {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
 }
 
 fn check(stop: &AtomicBool) -> Result<(), DemoError> {
     if stop.load(Ordering::Relaxed) { Err(DemoError::Interrupted) } else { Ok(()) }
+}
+
+fn addr(s: &str) -> SocketAddr {
+    s.parse().unwrap_or_else(|_| SocketAddr::from(([127, 0, 0, 1], 0)))
+}
+
+/// Starts `nftproxy run` inside `ns` and waits for its first sync.
+fn start_agent(ns: &Netns, stop: &AtomicBool) -> Result<Agent, DemoError> {
+    let dir = std::env::temp_dir().join(format!("nftproxy-demo-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).map_err(LabError::from)?;
+    std::fs::write(dir.join("cluster.yaml"), DEMO_MANIFESTS).map_err(LabError::from)?;
+    let exe = std::env::current_exe().map_err(LabError::from)?;
+    let log = std::fs::File::create(dir.join("agent.log")).map_err(LabError::from)?;
+    let child = ns
+        .command(&exe.to_string_lossy())
+        .args(["run", "--manifests"])
+        .arg(dir.join("cluster.yaml"))
+        .args(["--hostname-override", "node1", "--cluster-cidr", lab::topology::CLUSTER_CIDR_V4])
+        .args(["--healthz-bind-address", "127.0.0.1:10256"])
+        .stdout(Stdio::null())
+        .stderr(log)
+        .spawn()
+        .map_err(LabError::from)?;
+    let agent = Agent { child, dir };
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        check(stop)?;
+        let healthy = ns.run(|| traffic::http_get(addr("127.0.0.1:10256"), "/healthz", Duration::from_millis(500)))?;
+        if matches!(healthy, Ok((200, _))) {
+            let log = std::fs::read_to_string(agent.dir.join("agent.log")).unwrap_or_default();
+            if let Some(line) = log.lines().find(|l| l.contains(" synced ")) {
+                println!("\nnftproxy run on node1: {}", line.split(": ").last().unwrap_or(line));
+                return Ok(agent);
+            }
+        }
+        if Instant::now() > deadline {
+            let log = std::fs::read_to_string(agent.dir.join("agent.log")).unwrap_or_default();
+            return Err(DemoError::Agent(format!("nftproxy run did not start:\n{log}")));
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
 }
 
 /// Runs the demo.
@@ -67,55 +122,41 @@ pub fn run(args: &DemoArgs) -> Result<(), DemoError> {
         println!("  {:<7} {:<14} bridge cbr0 {:<12} pods: {}", node.name, node.ip, node.gateway, pods.join(", "));
     }
     for c in &lab.clients {
-        println!("  {:<7} {:<14} (outside the cluster)", c.name, c.ip);
+        println!("  {:<7} {:<14} outside the cluster (the wan routes 10.96.0.0/16 and 203.0.113.0/24 to node1)", c.name, c.ip);
     }
     check(&stop)?;
 
-    // Sync the bundled manifests inside node1, in-process.
-    let mut config = ProxyConfig::new("node1");
-    config.cluster_cidrs = parse_cidrs("--cluster-cidr", lab::topology::CLUSTER_CIDR_V4).unwrap_or_default();
-    let mut manifests = source::manifests::Manifests::default();
-    source::manifests::load_text(std::path::Path::new("examples/cluster.yaml"), DEMO_MANIFESTS, &mut manifests);
-    let (state, _) = source::state_from_manifests(&manifests, &config.hostname);
-    let summary = lab
-        .node("node1")
-        .ns
-        .run(|| -> Result<String, String> {
-            let planned = crate::cli::plan_for(&config, &state);
-            let mut kernel = Kernel::open().map_err(|e| e.to_string())?;
-            let report = crate::reconcile::sync_with_kernel(&mut kernel, &config, &planned).map_err(|e| e.to_string())?;
-            Ok(format!(
-                "synced {} services ({} ports, {} endpoints) into node1: 1 transaction, {} messages, {:.1} ms",
-                planned.stats.services,
-                planned.stats.service_ports,
-                planned.stats.endpoints,
-                report.apply.messages,
-                report.total.as_secs_f64() * 1000.0
-            ))
-        })?
-        .map_err(DemoError::Sync)?;
-    println!("\n{summary}");
-    println!("Service default/web: ClusterIP 10.96.0.10, 80/TCP and 53/UDP → pods' port 8080");
-    check(&stop)?;
-
+    let agent = start_agent(&lab.node("node1").ns, &stop)?;
     let timeout = Duration::from_secs(2);
-    let web_tcp: SocketAddr = "10.96.0.10:80".parse().unwrap_or_else(|_| SocketAddr::from(([10, 96, 0, 10], 80)));
-    let web_udp: SocketAddr = "10.96.0.10:53".parse().unwrap_or_else(|_| SocketAddr::from(([10, 96, 0, 10], 53)));
-    let client = lab.client("client").map(|c| &c.ns).ok_or_else(|| DemoError::Sync("no client".into()))?;
     let n = args.requests;
-    let t = client.run(|| traffic::tally(L4Proto::Tcp, web_tcp, n, timeout))?;
-    print_tally(&format!("TCP {web_tcp} from client (outside the cluster CIDR: masqueraded)"), &t);
-    check(&stop)?;
-    let t = client.run(|| traffic::tally(L4Proto::Udp, web_udp, n, timeout))?;
-    print_tally(&format!("UDP {web_udp} from client"), &t);
-    check(&stop)?;
-    let pod = lab.pod("web-1").map(|p| &p.ns).ok_or_else(|| DemoError::Sync("no pod".into()))?;
-    let t = pod.run(|| traffic::tally(L4Proto::Tcp, web_tcp, n / 3, timeout))?;
-    print_tally(&format!("TCP {web_tcp} from pod web-1 (inside the cluster: source kept; hairpin to itself masqueraded)"), &t);
-    check(&stop)?;
-    let empty: SocketAddr = SocketAddr::from(([10, 96, 0, 20], 80));
-    let refused = client.run(|| traffic::tcp_ask(empty, timeout))?;
-    match refused {
+    let client = lab.client("client").map(|c| &c.ns).ok_or_else(|| DemoError::Agent("no client".into()))?;
+    let pod = lab.pod("web-1").map(|p| &p.ns).ok_or_else(|| DemoError::Agent("no pod".into()))?;
+
+    let runs: [(&Netns, L4Proto, &str, usize, &str); 6] = [
+        (client, L4Proto::Tcp, "10.96.0.10:80", n, "ClusterIP default/web, TCP, from the client (outside --cluster-cidr: masqueraded)"),
+        (client, L4Proto::Udp, "10.96.0.10:53", n, "ClusterIP default/web, UDP, from the client"),
+        (pod, L4Proto::Tcp, "10.96.0.10:80", n / 3, "ClusterIP from pod web-1 (source kept; reaching itself: hairpin, masqueraded)"),
+        (client, L4Proto::Tcp, "192.168.50.2:30080", n / 2, "NodePort default/web-nodeport on node1 (Cluster policy: any pod, masqueraded)"),
+        (client, L4Proto::Tcp, "203.0.113.10:80", n / 2, "LoadBalancer default/web-lb, externalTrafficPolicy Local (node1's pods only, client IP kept)"),
+        (pod, L4Proto::Tcp, "203.0.113.10:80", n / 3, "the same LB IP from pod web-1 (short-circuited to every endpoint)"),
+    ];
+    for (ns, protocol, target, count, title) in runs {
+        let target = addr(target);
+        let t = ns.run(|| traffic::tally(protocol, target, count, timeout))?;
+        print_tally(&format!("{title}\n  {protocol} {target}"), &t);
+        check(&stop)?;
+    }
+
+    let hc = client.run(|| traffic::http_get(addr("192.168.50.2:30999"), "/", timeout))?;
+    match hc {
+        Ok((status, body)) => println!(
+            "\nhealth check of default/web-lb (healthCheckNodePort 30999 on node1): HTTP {status}\n  {}",
+            body.split_whitespace().collect::<Vec<_>>().join(" ")
+        ),
+        Err(e) => println!("\nhealth check of default/web-lb: {e}"),
+    }
+    let empty = addr("10.96.0.20:80");
+    match client.run(|| traffic::tcp_ask(empty, timeout))? {
         Err(e) => println!("\nTCP {empty} (default/no-backends, no endpoints): {e} — rejected at once, no timeout"),
         Ok(a) => println!("\nTCP {empty}: unexpectedly answered by {}", a.backend),
     }
@@ -123,6 +164,7 @@ pub fn run(args: &DemoArgs) -> Result<(), DemoError> {
     let listing = lab.node("node1").ns.exec("nft", &["list", "ruleset"])?;
     println!("\n`nft list ruleset` on node1:\n{}", String::from_utf8_lossy(&listing.stdout));
     println!("removing the lab…");
+    drop(agent);
     drop(lab);
     println!("done.");
     Ok(())
@@ -134,13 +176,13 @@ fn print_tally(title: &str, t: &Tally) {
     for (backend, count) in &t.by_backend {
         let share = *count as f64 / total as f64;
         let bar = "█".repeat((share * 40.0).round() as usize);
-        let _ = writeln!(out, "  {backend:<6} {count:>4} ({:>3.0}%) {bar}", share * 100.0);
+        let _ = writeln!(out, "    {backend:<6} {count:>4} ({:>3.0}%) {bar}", share * 100.0);
     }
     let sources: Vec<String> = t.sources.iter().map(|(ip, n)| format!("{ip} ×{n}")).collect();
-    let _ = writeln!(out, "  source addresses the pods saw: {}", sources.join(", "));
+    let _ = writeln!(out, "    source addresses the pods saw: {}", sources.join(", "));
     if t.failed() > 0 {
         let errors: Vec<String> = t.errors.iter().map(|(e, n)| format!("{e} ×{n}")).collect();
-        let _ = writeln!(out, "  failures: {}", errors.join(", "));
+        let _ = writeln!(out, "    failures: {}", errors.join(", "));
     }
     print!("{out}");
 }

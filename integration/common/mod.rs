@@ -39,6 +39,7 @@ impl ClusterLab {
         lab.add_pod("web-2", "node1").unwrap();
         lab.add_pod("web-3", "node2").unwrap();
         lab.add_client("client").unwrap();
+        lab.add_client("client2").unwrap();
         lab.start_servers(&[ServerSpec::tcp(8080), ServerSpec::udp(8080)]).unwrap();
         ClusterLab { lab, dir: tempfile::tempdir().unwrap() }
     }
@@ -57,8 +58,13 @@ impl ClusterLab {
 
     /// `nftproxy sync` of `yaml` on node1 with the lab's cluster CIDR; panics on failure.
     pub fn sync(&self, yaml: &str) -> String {
+        self.sync_with(yaml, &[])
+    }
+
+    /// `nftproxy sync` with extra flags.
+    pub fn sync_with(&self, yaml: &str, extra: &[&str]) -> String {
         let path = self.write("cluster.yaml", yaml);
-        let out = self.nftproxy(&[
+        let mut args = vec![
             "sync",
             "--manifests",
             path.to_str().unwrap(),
@@ -66,7 +72,9 @@ impl ClusterLab {
             "node1",
             "--cluster-cidr",
             lab::topology::CLUSTER_CIDR_V4,
-        ]);
+        ];
+        args.extend_from_slice(extra);
+        let out = self.nftproxy(&args);
         assert!(out.status.success(), "sync failed: {}", String::from_utf8_lossy(&out.stderr));
         String::from_utf8_lossy(&out.stdout).into_owned()
     }
@@ -165,4 +173,162 @@ spec:
   - {{name: dns, port: 53, protocol: UDP}}
 "#
     )
+}
+
+/// A service for [`services_yaml`]: ports `http` 80/TCP and `dns` 53/UDP → 8080 on the pods;
+/// with a node port N, `http` gets N and `dns` N+1.
+#[derive(Clone, Default)]
+pub struct Svc<'a> {
+    pub name: &'a str,
+    pub cluster_ip: &'a str,
+    pub kind: &'a str,
+    pub node_port: Option<u16>,
+    pub external_local: bool,
+    pub internal_local: bool,
+    pub lb_ips: &'a [&'a str],
+    pub external_ips: &'a [&'a str],
+    pub source_ranges: &'a [&'a str],
+    pub health_check_port: Option<u16>,
+    pub affinity_secs: Option<u32>,
+    pub endpoints: &'a [Ep<'a>],
+    /// Extra endpoint fields per endpoint (by index), e.g. `hints: {forZones: [{name: a}]}`.
+    pub endpoint_extra: &'a [&'a str],
+}
+
+fn list(items: &[&str]) -> String {
+    items.iter().map(|i| format!("\"{}\"", i.trim())).collect::<Vec<_>>().join(", ")
+}
+
+/// Manifests for these services in namespace `default`.
+pub fn services_yaml(services: &[Svc<'_>]) -> String {
+    let mut out = String::new();
+    for s in services {
+        let kind = if s.kind.is_empty() { "ClusterIP" } else { s.kind };
+        let np = |offset: u16| s.node_port.map(|n| format!(", nodePort: {}", n + offset)).unwrap_or_default();
+        out.push_str(&format!(
+            "apiVersion: v1\nkind: Service\nmetadata: {{name: {}, namespace: default}}\nspec:\n  type: {kind}\n  clusterIP: {}\n",
+            s.name, s.cluster_ip
+        ));
+        if s.external_local {
+            out.push_str("  externalTrafficPolicy: Local\n");
+        }
+        if s.internal_local {
+            out.push_str("  internalTrafficPolicy: Local\n");
+        }
+        if !s.external_ips.is_empty() {
+            out.push_str(&format!("  externalIPs: [{}]\n", list(s.external_ips)));
+        }
+        if !s.source_ranges.is_empty() {
+            out.push_str(&format!("  loadBalancerSourceRanges: [{}]\n", list(s.source_ranges)));
+        }
+        if let Some(p) = s.health_check_port {
+            out.push_str(&format!("  healthCheckNodePort: {p}\n"));
+        }
+        if let Some(t) = s.affinity_secs {
+            out.push_str(&format!("  sessionAffinity: ClientIP\n  sessionAffinityConfig: {{clientIP: {{timeoutSeconds: {t}}}}}\n"));
+        }
+        out.push_str(&format!(
+            "  ports:\n  - {{name: http, port: 80, protocol: TCP, targetPort: 8080{}}}\n  - {{name: dns, port: 53, protocol: UDP, targetPort: 8080{}}}\n",
+            np(0),
+            np(1)
+        ));
+        if !s.lb_ips.is_empty() {
+            let ingress: Vec<String> = s.lb_ips.iter().map(|ip| format!("{{ip: {ip}}}")).collect();
+            out.push_str(&format!("status:\n  loadBalancer:\n    ingress: [{}]\n", ingress.join(", ")));
+        }
+        out.push_str(&format!(
+            "---\napiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata:\n  name: {}-abcde\n  namespace: default\n  labels: {{kubernetes.io/service-name: {}}}\naddressType: IPv4\nports:\n- {{name: http, port: 8080, protocol: TCP}}\n- {{name: dns, port: 8080, protocol: UDP}}\nendpoints:\n",
+            s.name, s.name
+        ));
+        if s.endpoints.is_empty() {
+            out.push_str("  []\n");
+        }
+        for (i, (ip, node, ready)) in s.endpoints.iter().enumerate() {
+            out.push_str(&format!("  - addresses: [\"{ip}\"]\n    nodeName: {node}\n    conditions: {{ready: {ready}}}\n"));
+            if let Some(extra) = s.endpoint_extra.get(i) {
+                if !extra.is_empty() {
+                    out.push_str(&format!("    {extra}\n"));
+                }
+            }
+        }
+        out.push_str("---\n");
+    }
+    out.push_str(
+        "apiVersion: v1\nkind: Node\nmetadata:\n  name: node1\n  labels: {topology.kubernetes.io/zone: zone-a}\nstatus:\n  addresses: [{type: InternalIP, address: 192.168.50.2}]\n",
+    );
+    out
+}
+
+/// `nftproxy run` inside node1, killed on drop.
+pub struct RunningProxy {
+    child: std::process::Child,
+}
+
+impl Drop for RunningProxy {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl ClusterLab {
+    /// Starts `nftproxy run --manifests <dir>` in node1 with `extra` flags, and waits for its
+    /// first sync (healthz answering 200).
+    pub fn run_proxy(&self, manifests: &std::path::Path, extra: &[&str]) -> RunningProxy {
+        let mut args = vec![
+            "run",
+            "--manifests",
+            manifests.to_str().unwrap(),
+            "--hostname-override",
+            "node1",
+            "--cluster-cidr",
+            lab::topology::CLUSTER_CIDR_V4,
+            "--healthz-bind-address",
+            "127.0.0.1:10256",
+            "--min-sync-period",
+            "100ms",
+        ];
+        args.extend_from_slice(extra);
+        let child = self
+            .lab
+            .node("node1")
+            .ns
+            .command(env!("CARGO_BIN_EXE_nftproxy"))
+            .args(&args)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        let proxy = RunningProxy { child };
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        loop {
+            if let Ok((200, _)) = self.http_get("node1", "127.0.0.1:10256", "/healthz") {
+                if self.listing().contains("table ip nftproxy") {
+                    break;
+                }
+            }
+            assert!(std::time::Instant::now() < deadline, "nftproxy run did not become healthy");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        proxy
+    }
+
+    /// A minimal HTTP GET from `who`; returns the status and body.
+    pub fn http_get(&self, who: &str, addr: &str, path: &str) -> std::io::Result<(u16, String)> {
+        let target: SocketAddr = addr.parse().unwrap();
+        let path = path.to_string();
+        self.ns(who).run(move || traffic::http_get(target, &path, TIMEOUT)).unwrap()
+    }
+
+    /// Polls `f` until it returns true or `within` passes.
+    pub fn eventually(&self, within: Duration, mut f: impl FnMut() -> bool) -> bool {
+        let deadline = std::time::Instant::now() + within;
+        while std::time::Instant::now() < deadline {
+            if f() {
+                return true;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        f()
+    }
 }

@@ -24,6 +24,11 @@ use super::LabError;
 pub const SERVICE_CIDR_V4: &str = "10.96.0.0/16";
 /// IPv6 service range.
 pub const SERVICE_CIDR_V6: &str = "fd00:96::/112";
+/// Where the wan router sends LoadBalancer and external IPs (to node 1, as a load balancer or an
+/// operator's route would).
+pub const EXTERNAL_CIDR_V4: &str = "203.0.113.0/24";
+/// IPv6 LoadBalancer and external IPs.
+pub const EXTERNAL_CIDR_V6: &str = "2001:db8:e::/64";
 /// The cluster (pod) range, for `--cluster-cidr`.
 pub const CLUSTER_CIDR_V4: &str = "10.244.0.0/16";
 /// IPv6 pod range.
@@ -131,6 +136,8 @@ impl Lab {
         if index == 1 {
             self.wan.ip(&["route", "add", SERVICE_CIDR_V4, "via", &ip.to_string()])?;
             self.wan.ip(&["-6", "route", "add", SERVICE_CIDR_V6, "via", &ip6.to_string()])?;
+            self.wan.ip(&["route", "add", EXTERNAL_CIDR_V4, "via", &ip.to_string()])?;
+            self.wan.ip(&["-6", "route", "add", EXTERNAL_CIDR_V6, "via", &ip6.to_string()])?;
         }
         for other in &self.nodes {
             ns.ip(&["route", "add", &format!("10.244.{}.0/24", other.index), "via", &other.ip.to_string()])?;

@@ -92,3 +92,16 @@ pub fn tally(protocol: L4Proto, target: SocketAddr, n: usize, timeout: Duration)
     t.elapsed = started.elapsed();
     t
 }
+
+/// A minimal HTTP/1.1 GET: returns the status code and the body.
+pub fn http_get(target: SocketAddr, path: &str, timeout: Duration) -> io::Result<(u16, String)> {
+    use std::io::Write;
+    let mut s = TcpStream::connect_timeout(&target, timeout)?;
+    s.set_read_timeout(Some(timeout))?;
+    write!(s, "GET {path} HTTP/1.1\r\nHost: {target}\r\nConnection: close\r\n\r\n")?;
+    let mut text = String::new();
+    s.read_to_string(&mut text)?;
+    let status = text.split_whitespace().nth(1).and_then(|c| c.parse().ok()).unwrap_or(0);
+    let body = text.split("\r\n\r\n").nth(1).unwrap_or("").to_string();
+    Ok((status, body))
+}

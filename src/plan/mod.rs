@@ -132,15 +132,28 @@ pub fn plan(input: &PlanInput<'_>) -> Plan {
         out.ruleset.tables.push(table);
     }
     out.stats.services = input.state.service_count();
-    out.health_checks.sort_by(|a, b| a.service.cmp(&b.service).then(a.port.cmp(&b.port)));
-    out.health_checks.dedup_by(|b, a| {
-        if a.service == b.service && a.port == b.port {
-            a.local_endpoints += b.local_endpoints;
-            true
-        } else {
-            false
-        }
-    });
+    out.health_checks = health_checks(input.state, node_name);
+    out
+}
+
+/// One health check per Local-policy LoadBalancer service: the number of distinct local ready
+/// endpoint IPs over all its ports (upstream counts 10.0.0.1:80 and 10.0.0.1:443 as one), in
+/// the service's primary family. Terminating endpoints do not count: a node with only those
+/// should fail the check.
+fn health_checks(state: &ClusterState, node_name: &str) -> Vec<HealthCheck> {
+    let mut out = Vec::new();
+    for service in state.services() {
+        let Some(port) = service.ports.iter().find_map(|p| p.health_check_node_port) else { continue };
+        let Some(family) = service.ports.first().and_then(|p| p.cluster_ips.first()).map(IpFamily::of) else { continue };
+        let ips: BTreeSet<IpAddr> = service
+            .ports
+            .iter()
+            .flat_map(|sp| state.endpoints(&sp.name, family))
+            .filter(|e| e.ready && e.node_name.as_deref() == Some(node_name))
+            .map(|e| e.ip)
+            .collect();
+        out.push(HealthCheck { service: service.name.clone(), port, local_endpoints: ips.len() });
+    }
     out
 }
 
@@ -540,19 +553,7 @@ impl ServicePortPlan<'_> {
             }
         }
 
-        // Health checks and conntrack cleanup follow the same categorization.
-        // Counted in the service's primary family only, so dual-stack pods count once.
-        let primary = sp.cluster_ips.first().map(IpFamily::of) == Some(family);
-        if let (Some(hc), true) = (sp.health_check_node_port, primary) {
-            out.health_checks.push(HealthCheck {
-                service: sp.name.service.clone(),
-                port: hc,
-                local_endpoints: endpoints
-                    .iter()
-                    .filter(|e| e.ready && e.node_name.as_deref() == Some(self.node.name))
-                    .count(),
-            });
-        }
+        // Conntrack cleanup follows the same categorization.
         if sp.name.protocol != crate::net::L4Proto::Tcp {
             let mut destinations = vec![(self.cluster_ip, sp.port)];
             destinations.extend(external_ips.iter().chain(lb_ips.iter()).map(|ip| (*ip, sp.port)));

@@ -251,3 +251,107 @@ fn deleting_everything_deletes_the_tables() {
     kernel.apply(&tx).unwrap();
     assert!(kernel.state.tables.is_empty());
 }
+
+/// The external-traffic scenario of `nft-templates/external.nft` (upstream's overall test).
+pub const EXTERNAL: &str = r#"
+apiVersion: v1
+kind: Service
+metadata: {name: svc2, namespace: ns2}
+spec:
+  type: LoadBalancer
+  externalTrafficPolicy: Local
+  clusterIP: 172.30.0.42
+  externalIPs: [192.168.99.22]
+  healthCheckNodePort: 30000
+  ports: [{name: p80, port: 80, protocol: TCP, nodePort: 3001}]
+status:
+  loadBalancer:
+    ingress: [{ip: 1.2.3.4}]
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {name: svc2-abc, namespace: ns2, labels: {kubernetes.io/service-name: svc2}}
+addressType: IPv4
+ports: [{name: p80, port: 80, protocol: TCP}]
+endpoints:
+- {addresses: ["10.180.0.2"]}
+---
+apiVersion: v1
+kind: Service
+metadata: {name: svc3, namespace: ns3}
+spec:
+  type: NodePort
+  clusterIP: 172.30.0.43
+  ports: [{name: p80, port: 80, protocol: TCP, nodePort: 3003}]
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {name: svc3-abc, namespace: ns3, labels: {kubernetes.io/service-name: svc3}}
+addressType: IPv4
+ports: [{name: p80, port: 80, protocol: TCP}]
+endpoints:
+- {addresses: ["10.180.0.3"]}
+---
+apiVersion: v1
+kind: Service
+metadata: {name: svc4, namespace: ns4}
+spec:
+  type: NodePort
+  clusterIP: 172.30.0.44
+  externalIPs: [192.168.99.33]
+  externalTrafficPolicy: Local
+  ports: [{name: p80, port: 80, protocol: TCP, nodePort: 3004}]
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {name: svc4-abc, namespace: ns4, labels: {kubernetes.io/service-name: svc4}}
+addressType: IPv4
+ports: [{name: p80, port: 80, protocol: TCP}]
+endpoints:
+- {addresses: ["10.180.0.4"]}
+- {addresses: ["10.180.0.5"], nodeName: node1}
+---
+apiVersion: v1
+kind: Service
+metadata: {name: svc5, namespace: ns5}
+spec:
+  type: LoadBalancer
+  externalTrafficPolicy: Cluster
+  clusterIP: 172.30.0.45
+  healthCheckNodePort: 30001
+  loadBalancerSourceRanges: [" 203.0.113.0/25"]
+  ports: [{name: p80, port: 80, protocol: TCP, nodePort: 3002}]
+status:
+  loadBalancer:
+    ingress: [{ip: 5.6.7.8}, {ip: 9.9.9.9, ipMode: Proxy}]
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {name: svc5-abc, namespace: ns5, labels: {kubernetes.io/service-name: svc5}}
+addressType: IPv4
+ports: [{name: p80, port: 80, protocol: TCP}]
+endpoints:
+- {addresses: ["10.180.0.3"]}
+"#;
+
+#[test]
+fn external_golden() {
+    let p = plan_with(&config(), &state(EXTERNAL));
+    assert_golden("external.nft", &p.ruleset.to_string());
+    let text = p.ruleset.to_string();
+    assert!(!text.contains("9.9.9.9"), "ipMode Proxy ingress is not captured");
+    // Only Local-policy LoadBalancers get health checks; svc2 has no local endpoint.
+    assert_eq!(p.health_checks, vec![HealthCheck { service: NamespacedName::new("ns2", "svc2"), port: 30000, local_endpoints: 0 }]);
+    assert_eq!(p.stats.no_local_external, 1);
+}
+
+#[test]
+fn match_all_nodeports_use_fib_and_drop_the_address_set() {
+    let (v4, v6) = (NodePorts::MatchAll, NodePorts::MatchAll);
+    let c = config();
+    let s = state(EXTERNAL);
+    let p = plan(&PlanInput { config: &c, state: &s, nodeports_v4: &v4, nodeports_v6: &v6 });
+    let text = p.ruleset.to_string();
+    assert!(text.contains("fib daddr type local ip daddr != 127.0.0.0/8 meta l4proto . th dport vmap @service-nodeports"));
+    assert!(!text.contains("nodeport-ips"));
+}
