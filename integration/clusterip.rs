@@ -184,3 +184,27 @@ fn malformed_objects_are_reported_and_the_rest_applies() {
     assert!(stderr.contains("mixed.yaml document 4 (default/bad-port)"), "{stderr}");
     assert_eq!(lab.ask("client", L4Proto::Tcp, WEB_TCP).unwrap().backend, "web-1");
 }
+
+#[test]
+fn every_detect_local_mode_tells_pods_from_outsiders() {
+    if skip_unless_privileged() {
+        return;
+    }
+    let lab = ClusterLab::new();
+    let node = "---\napiVersion: v1\nkind: Node\nmetadata: {name: node1}\nspec: {podCIDRs: [10.244.1.0/24]}\n";
+    let yaml = format!("{}{node}", web_manifests(&[WEB_2]));
+    let modes: [&[&str]; 3] = [
+        &["--detect-local-mode", "BridgeInterface", "--pod-bridge-interface", "cbr0"],
+        &["--detect-local-mode", "InterfaceNamePrefix", "--pod-interface-name-prefix", "cbr"],
+        &["--detect-local-mode", "NodeCIDR"],
+    ];
+    for flags in modes {
+        let mut args = vec!["--cluster-cidr", ""];
+        args.extend_from_slice(flags);
+        lab.sync_with(&yaml, &args);
+        let pod = lab.ask("web-1", L4Proto::Tcp, WEB_TCP).unwrap();
+        assert_eq!(pod.source.to_string(), "10.244.1.10", "{flags:?}: pod source kept");
+        let outside = lab.ask("client", L4Proto::Tcp, WEB_TCP).unwrap();
+        assert_eq!(outside.source.to_string(), "10.244.1.1", "{flags:?}: outsider masqueraded");
+    }
+}

@@ -99,6 +99,9 @@ pub struct ProxyArgs {
     /// The pod interface prefix, for --detect-local-mode InterfaceNamePrefix.
     #[arg(long, value_name = "PREFIX")]
     pub pod_interface_name_prefix: Option<String>,
+    /// Delete stale UDP/SCTP conntrack entries after each sync (`false` to disable).
+    #[arg(long, value_name = "BOOL", default_value_t = true, action = clap::ArgAction::Set)]
+    pub conntrack_cleanup: bool,
     #[command(flatten)]
     pub table: TableArgs,
 }
@@ -156,6 +159,7 @@ impl ProxyArgs {
             self.pod_interface_name_prefix.as_deref(),
         )?;
         c.table = self.table.table.clone();
+        c.conntrack_cleanup = self.conntrack_cleanup;
         c.validate()?;
         Ok(c)
     }
@@ -206,6 +210,11 @@ fn execute(cli: Cli) -> Result<(), CliError> {
             let planned = plan_for(&config, &state);
             let mut kernel = Kernel::open()?;
             let report = reconcile::sync_with_kernel(&mut kernel, &config, &planned)?;
+            if config.conntrack_cleanup {
+                if let Err(e) = crate::conntrack::clean(&planned.conntrack) {
+                    warn!(error = %e, "conntrack cleanup failed");
+                }
+            }
             println!(
                 "synced {} services ({} ports, {} endpoints): 1 transaction, {} messages, {:.1} ms",
                 planned.stats.services,

@@ -62,6 +62,8 @@ pub struct ProxyConfig {
     pub nodeport_addresses: NodePortAddresses,
     /// The nftables table name in both families.
     pub table: String,
+    /// Delete stale UDP/SCTP conntrack entries after each sync.
+    pub conntrack_cleanup: bool,
 }
 
 impl ProxyConfig {
@@ -78,6 +80,7 @@ impl ProxyConfig {
             detect_local: DetectLocal::ClusterCidr,
             nodeport_addresses: NodePortAddresses::Primary,
             table: Self::DEFAULT_TABLE.to_string(),
+            conntrack_cleanup: true,
         }
     }
 

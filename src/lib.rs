@@ -10,6 +10,7 @@ pub mod netlink;
 pub mod lab;
 pub mod model;
 pub mod config;
+pub mod conntrack;
 pub mod plan;
 pub mod source;
 pub mod cli;

@@ -66,6 +66,11 @@ impl Observer for AgentObserver {
         self.health.set_node_eligible(!reconciler.state().node().is_some_and(|n| n.being_deleted));
         match result {
             Ok(s) => {
+                if reconciler.config().conntrack_cleanup {
+                    if let Err(e) = crate::conntrack::clean(&s.plan.conntrack) {
+                        error!(error = %e, "conntrack cleanup failed");
+                    }
+                }
                 self.health.updated(&s.health_checks);
                 self.servers.sync(&s.health_checks, &s.nodeports.v4, &s.nodeports.v6);
             }

@@ -64,15 +64,10 @@ impl ClusterLab {
     /// `nftproxy sync` with extra flags.
     pub fn sync_with(&self, yaml: &str, extra: &[&str]) -> String {
         let path = self.write("cluster.yaml", yaml);
-        let mut args = vec![
-            "sync",
-            "--manifests",
-            path.to_str().unwrap(),
-            "--hostname-override",
-            "node1",
-            "--cluster-cidr",
-            lab::topology::CLUSTER_CIDR_V4,
-        ];
+        let mut args = vec!["sync", "--manifests", path.to_str().unwrap(), "--hostname-override", "node1"];
+        if !extra.contains(&"--cluster-cidr") {
+            args.extend_from_slice(&["--cluster-cidr", lab::topology::CLUSTER_CIDR_V4]);
+        }
         args.extend_from_slice(extra);
         let out = self.nftproxy(&args);
         assert!(out.status.success(), "sync failed: {}", String::from_utf8_lossy(&out.stderr));

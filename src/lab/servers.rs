@@ -30,6 +30,10 @@ impl ServerSpec {
     pub fn udp(port: u16) -> ServerSpec {
         ServerSpec { protocol: L4Proto::Udp, port }
     }
+    /// An SCTP server on `port` (needs the kernel's sctp module).
+    pub fn sctp(port: u16) -> ServerSpec {
+        ServerSpec { protocol: L4Proto::Sctp, port }
+    }
 }
 
 /// Running servers; dropping stops them.
@@ -70,8 +74,13 @@ impl EchoServers {
 fn serve(name: &str, spec: ServerSpec, stop: &AtomicBool, ready: mpsc::Sender<Result<(), String>>) {
     let any = SocketAddr::new(Ipv6Addr::UNSPECIFIED.into(), spec.port);
     match spec.protocol {
-        L4Proto::Tcp => {
-            let listener = match TcpListener::bind(any).and_then(|l| l.set_nonblocking(true).map(|_| l)) {
+        L4Proto::Tcp | L4Proto::Sctp => {
+            let bound = if spec.protocol == L4Proto::Tcp {
+                TcpListener::bind(any)
+            } else {
+                super::traffic::sctp_listener(any)
+            };
+            let listener = match bound.and_then(|l| l.set_nonblocking(true).map(|_| l)) {
                 Ok(l) => l,
                 Err(e) => {
                     let _ = ready.send(Err(e.to_string()));
@@ -87,9 +96,6 @@ fn serve(name: &str, spec: ServerSpec, stop: &AtomicBool, ready: mpsc::Sender<Re
                     Err(_) => std::thread::sleep(Duration::from_millis(2)),
                 }
             }
-        }
-        L4Proto::Sctp => {
-            let _ = ready.send(Err("the lab has no SCTP echo server".into()));
         }
         L4Proto::Udp => {
             let socket = match UdpSocket::bind(any).and_then(|s| s.set_read_timeout(Some(Duration::from_millis(50))).map(|_| s)) {

@@ -52,7 +52,8 @@ pub fn udp_ask(target: SocketAddr, local: Option<SocketAddr>, timeout: Duration)
 pub fn ask(protocol: L4Proto, target: SocketAddr, timeout: Duration) -> io::Result<Answer> {
     match protocol {
         L4Proto::Udp => udp_ask(target, None, timeout),
-        _ => tcp_ask(target, timeout),
+        L4Proto::Sctp => sctp_ask(target, timeout),
+        L4Proto::Tcp => tcp_ask(target, timeout),
     }
 }
 
@@ -104,4 +105,35 @@ pub fn http_get(target: SocketAddr, path: &str, timeout: Duration) -> io::Result
     let status = text.split_whitespace().nth(1).and_then(|c| c.parse().ok()).unwrap_or(0);
     let body = text.split("\r\n\r\n").nth(1).unwrap_or("").to_string();
     Ok((status, body))
+}
+
+/// Whether this kernel can create SCTP sockets (the `sctp` module is loadable).
+pub fn sctp_supported() -> bool {
+    use nix::sys::socket::{AddressFamily, SockFlag, SockProtocol, SockType, socket};
+    socket(AddressFamily::Inet, SockType::Stream, SockFlag::empty(), SockProtocol::Sctp).is_ok()
+}
+
+/// An SCTP one-to-one listening socket on `addr`, usable through std's listener API.
+pub fn sctp_listener(addr: SocketAddr) -> io::Result<std::net::TcpListener> {
+    use nix::sys::socket::{AddressFamily, Backlog, SockFlag, SockProtocol, SockType, SockaddrStorage, bind, listen, socket};
+    let family = if addr.is_ipv4() { AddressFamily::Inet } else { AddressFamily::Inet6 };
+    let fd = socket(family, SockType::Stream, SockFlag::empty(), SockProtocol::Sctp).map_err(io::Error::from)?;
+    bind(std::os::fd::AsRawFd::as_raw_fd(&fd), &SockaddrStorage::from(addr)).map_err(io::Error::from)?;
+    listen(&fd, Backlog::new(64).map_err(io::Error::from)?).map_err(io::Error::from)?;
+    Ok(std::net::TcpListener::from(fd))
+}
+
+/// Opens an SCTP association to `target` and reads the answer.
+pub fn sctp_ask(target: SocketAddr, timeout: Duration) -> io::Result<Answer> {
+    use nix::sys::socket::{AddressFamily, SockFlag, SockProtocol, SockType, SockaddrStorage, connect, setsockopt, socket, sockopt};
+    let family = if target.is_ipv4() { AddressFamily::Inet } else { AddressFamily::Inet6 };
+    let fd = socket(family, SockType::Stream, SockFlag::empty(), SockProtocol::Sctp).map_err(io::Error::from)?;
+    let tv = nix::sys::time::TimeVal::new(timeout.as_secs() as i64, timeout.subsec_micros() as i64);
+    setsockopt(&fd, sockopt::SendTimeout, &tv).map_err(io::Error::from)?;
+    setsockopt(&fd, sockopt::ReceiveTimeout, &tv).map_err(io::Error::from)?;
+    connect(std::os::fd::AsRawFd::as_raw_fd(&fd), &SockaddrStorage::from(target)).map_err(io::Error::from)?;
+    let mut conn = TcpStream::from(fd);
+    let mut text = String::new();
+    conn.read_to_string(&mut text)?;
+    parse(&text)
 }

@@ -58,7 +58,8 @@ pub fn read_table(sock: &mut Socket, family: IpFamily, name: &str) -> Result<Opt
     // SAFETY: the header was just built in a buffer large enough for the payload.
     let req = request(msg::GETTABLE, fam, NLM_F_ACK, seq, |nlh| unsafe { raw::table_payload(nlh, &t) });
     let mut table: Option<(u32, Option<Vec<u8>>)> = None;
-    match sock.dump(&req, seq, |nlh| {
+    match sock.dump(&req, seq, |msg| {
+        let nlh: *const libc::nlmsghdr = msg.as_ptr().cast();
         let mut got = raw::Table::new()?;
         if raw::parse_table(nlh, &mut got) && got.get_str(a(sys::NFTNL_TABLE_NAME)).as_deref() == Some(name) {
             table = Some((
@@ -97,7 +98,8 @@ fn read_chains(sock: &mut Socket, fam: u16, wire: &mut WireTable) -> Result<(), 
     // SAFETY: the header was just built in a buffer large enough for the payload.
     let req = request(msg::GETCHAIN, fam, NLM_F_DUMP, seq, |nlh| unsafe { raw::chain_payload(nlh, &filter) });
     let table = wire.name.clone();
-    sock.dump(&req, seq, |nlh| {
+    sock.dump(&req, seq, |msg| {
+        let nlh: *const libc::nlmsghdr = msg.as_ptr().cast();
         let mut c = raw::Chain::new()?;
         if !raw::parse_chain(nlh, &mut c) || c.get_str(a(sys::NFTNL_CHAIN_TABLE)).as_deref() != Some(&table) {
             return Ok(());
@@ -132,7 +134,8 @@ fn read_rules(sock: &mut Socket, fam: u16, wire: &mut WireTable) -> Result<(), N
     // SAFETY: the header was just built in a buffer large enough for the payload.
     let req = request(msg::GETRULE, fam, NLM_F_DUMP, seq, |nlh| unsafe { raw::rule_payload(nlh, &filter) });
     let table = wire.name.clone();
-    sock.dump(&req, seq, |nlh| {
+    sock.dump(&req, seq, |msg| {
+        let nlh: *const libc::nlmsghdr = msg.as_ptr().cast();
         let mut r = raw::Rule::new()?;
         if !raw::parse_rule(nlh, &mut r) || r.get_str(a(sys::NFTNL_RULE_TABLE)).as_deref() != Some(&table) {
             return Ok(());
@@ -158,7 +161,8 @@ fn read_sets(sock: &mut Socket, fam: u16, wire: &mut WireTable) -> Result<(), Ne
     let req = request(msg::GETSET, fam, NLM_F_DUMP, seq, |nlh| unsafe { raw::set_payload(nlh, &filter) });
     let table = wire.name.clone();
     let mut sets = Vec::new();
-    sock.dump(&req, seq, |nlh| {
+    sock.dump(&req, seq, |msg| {
+        let nlh: *const libc::nlmsghdr = msg.as_ptr().cast();
         let mut s = raw::Set::new()?;
         if !raw::parse_set(nlh, &mut s) || s.get_str(a(sys::NFTNL_SET_TABLE)).as_deref() != Some(&table) {
             return Ok(());
@@ -207,7 +211,8 @@ fn read_elements(sock: &mut Socket, fam: u16, table: &str, set: &mut WireSet) ->
     #[allow(unsafe_code)]
     // SAFETY: the header was just built in a buffer large enough for the payload.
     let req = request(msg::GETSETELEM, fam, NLM_F_DUMP, seq, |nlh| unsafe { raw::set_elems_payload(nlh, &filter) });
-    sock.dump(&req, seq, |nlh| {
+    sock.dump(&req, seq, |msg| {
+        let nlh: *const libc::nlmsghdr = msg.as_ptr().cast();
         let mut s = raw::Set::new()?;
         if !raw::parse_set_elems(nlh, &mut s) {
             return Ok(());

@@ -1,6 +1,7 @@
 //! The kernel edge: applies a [`Transaction`] as one netlink batch and reads nftproxy's tables
 //! back. This module holds all of nftproxy's `unsafe` code (libnftnl calls and socket syscalls).
 
+pub mod conntrack;
 mod decode;
 mod encode;
 pub mod fake;

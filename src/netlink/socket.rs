@@ -151,12 +151,13 @@ impl Socket {
         unsafe { std::slice::from_raw_parts(self.buf.as_ptr().cast::<u8>(), n) }
     }
 
-    /// Runs a dump request and calls `each` with every message of the answer.
+    /// Runs a dump request and calls `each` with every message of the answer (whole netlink
+    /// messages, 4-byte aligned, valid for the duration of the call).
     pub fn dump(
         &mut self,
         req: &[u8],
         seq: u32,
-        mut each: impl FnMut(*const libc::nlmsghdr) -> Result<(), NetlinkError>,
+        mut each: impl FnMut(&[u8]) -> Result<(), NetlinkError>,
     ) -> Result<(), NetlinkError> {
         self.send(req)?;
         loop {
@@ -177,19 +178,14 @@ impl Socket {
                             }
                             return Ok(());
                         }
-                        _ => {
-                            #[allow(unsafe_code)]
-                            // SAFETY: `off` is within the received bytes, u32-aligned (netlink
-                            // messages are 4-byte aligned) and the message is complete.
-                            let nlh = unsafe { self.buf.as_ptr().cast::<u8>().add(off) }.cast();
-                            each(nlh)?;
-                        }
+                        _ => each(&self.bytes(n)[off..off + len])?,
                     }
                 }
                 off += len.div_ceil(4) * 4;
             }
         }
     }
+
 }
 
 /// (length, type, flags, seq) of the netlink header at the start of `b`.
@@ -250,7 +246,7 @@ fn parse_ack_tlvs(mut b: &[u8], reply: &mut Reply) {
             }
             _ => {}
         }
-        b = &b[len.div_ceil(4) * 4..];
+        b = &b[(len.div_ceil(4) * 4).min(b.len())..];
     }
 }
 

@@ -355,3 +355,154 @@ fn match_all_nodeports_use_fib_and_drop_the_address_set() {
     assert!(text.contains("fib daddr type local ip daddr != 127.0.0.0/8 meta l4proto . th dport vmap @service-nodeports"));
     assert!(!text.contains("nodeport-ips"));
 }
+
+/// Session affinity (`nft-templates/affinity.nft`): three endpoints, and one.
+pub const AFFINITY: &str = r#"
+apiVersion: v1
+kind: Service
+metadata: {name: sticky, namespace: ns1}
+spec:
+  clusterIP: 172.30.0.41
+  sessionAffinity: ClientIP
+  sessionAffinityConfig: {clientIP: {timeoutSeconds: 10800}}
+  ports: [{name: http, port: 80, protocol: TCP}]
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {name: sticky-abc, namespace: ns1, labels: {kubernetes.io/service-name: sticky}}
+addressType: IPv4
+ports: [{name: http, port: 8080, protocol: TCP}]
+endpoints:
+- {addresses: ["10.180.0.1"], nodeName: node1}
+- {addresses: ["10.180.0.2"], nodeName: node2}
+- {addresses: ["10.180.0.3"], nodeName: node3}
+---
+apiVersion: v1
+kind: Service
+metadata: {name: one, namespace: ns2}
+spec:
+  clusterIP: 172.30.0.42
+  sessionAffinity: ClientIP
+  sessionAffinityConfig: {clientIP: {timeoutSeconds: 60}}
+  ports: [{name: dns, port: 53, protocol: UDP}]
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {name: one-abc, namespace: ns2, labels: {kubernetes.io/service-name: one}}
+addressType: IPv4
+ports: [{name: dns, port: 53, protocol: UDP}]
+endpoints:
+- {addresses: ["10.180.0.9"], nodeName: node2}
+"#;
+
+#[test]
+fn affinity_golden() {
+    let p = plan_with(&config(), &state(AFFINITY));
+    assert_golden("affinity.nft", &p.ruleset.to_string());
+}
+
+/// Dual-stack (`nft-templates/dualstack.nft`): an IPv6-primary NodePort service with IPv4 too.
+pub const DUAL_STACK: &str = r#"
+apiVersion: v1
+kind: Service
+metadata: {name: web, namespace: ns1}
+spec:
+  type: NodePort
+  ipFamilies: [IPv6, IPv4]
+  clusterIPs: ["fd00:172:30::41", 172.30.0.41]
+  ports: [{name: http, port: 80, protocol: TCP, nodePort: 30080}]
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {name: web-v6, namespace: ns1, labels: {kubernetes.io/service-name: web}}
+addressType: IPv6
+ports: [{name: http, port: 8080, protocol: TCP}]
+endpoints:
+- {addresses: ["fd00:10:180::1"], nodeName: node1}
+- {addresses: ["fd00:10:180::2:1"], nodeName: node2}
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {name: web-v4, namespace: ns1, labels: {kubernetes.io/service-name: web}}
+addressType: IPv4
+ports: [{name: http, port: 8080, protocol: TCP}]
+endpoints:
+- {addresses: ["10.180.0.1"], nodeName: node1}
+"#;
+
+#[test]
+fn dual_stack_golden() {
+    let mut c = config();
+    c.cluster_cidrs = parse_cidrs("--cluster-cidr", "10.0.0.0/8,fd00:10::/48").unwrap_or_default();
+    let p = plan_with(&c, &state(DUAL_STACK));
+    assert_eq!(p.ruleset.tables.len(), 2);
+    assert_golden("dualstack.nft", &p.ruleset.to_string());
+}
+
+/// Topology and internal traffic policy (`nft-templates/topology.nft`): node1 is in zone-a.
+pub const TOPOLOGY: &str = r#"
+apiVersion: v1
+kind: Node
+metadata: {name: node1, labels: {topology.kubernetes.io/zone: zone-a}}
+status: {addresses: [{type: InternalIP, address: 192.168.0.2}]}
+---
+apiVersion: v1
+kind: Service
+metadata: {name: zonal, namespace: ns1}
+spec:
+  clusterIP: 172.30.0.41
+  trafficDistribution: PreferSameZone
+  ports: [{name: http, port: 80, protocol: TCP}]
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {name: zonal-abc, namespace: ns1, labels: {kubernetes.io/service-name: zonal}}
+addressType: IPv4
+ports: [{name: http, port: 8080, protocol: TCP}]
+endpoints:
+- {addresses: ["10.180.0.1"], nodeName: node1, zone: zone-a, hints: {forZones: [{name: zone-a}]}}
+- {addresses: ["10.180.0.2"], nodeName: node2, zone: zone-a, hints: {forZones: [{name: zone-a}]}}
+- {addresses: ["10.180.0.3"], nodeName: node3, zone: zone-b, hints: {forZones: [{name: zone-b}]}}
+---
+apiVersion: v1
+kind: Service
+metadata: {name: node-local, namespace: ns2}
+spec:
+  clusterIP: 172.30.0.42
+  internalTrafficPolicy: Local
+  ports: [{name: http, port: 80, protocol: TCP}]
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {name: node-local-abc, namespace: ns2, labels: {kubernetes.io/service-name: node-local}}
+addressType: IPv4
+ports: [{name: http, port: 8080, protocol: TCP}]
+endpoints:
+- {addresses: ["10.180.0.4"], nodeName: node1}
+- {addresses: ["10.180.0.5"], nodeName: node2}
+---
+apiVersion: v1
+kind: Service
+metadata: {name: elsewhere, namespace: ns3}
+spec:
+  clusterIP: 172.30.0.43
+  internalTrafficPolicy: Local
+  ports: [{name: http, port: 80, protocol: TCP}]
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {name: elsewhere-abc, namespace: ns3, labels: {kubernetes.io/service-name: elsewhere}}
+addressType: IPv4
+ports: [{name: http, port: 8080, protocol: TCP}]
+endpoints:
+- {addresses: ["10.180.0.6"], nodeName: node2}
+"#;
+
+#[test]
+fn topology_golden() {
+    let p = plan_with(&config(), &state(TOPOLOGY));
+    assert_golden("topology.nft", &p.ruleset.to_string());
+    let text = p.ruleset.to_string();
+    assert!(!text.contains("10.180.0.3 . 8080"), "zone-b endpoint unused in zone-a");
+    assert!(text.contains("172.30.0.43 . tcp . 80 comment \"ns3/elsewhere:http\" : drop"), "{text}");
+}
