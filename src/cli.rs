@@ -43,9 +43,16 @@ pub enum Command {
 /// `run` options.
 #[derive(Debug, Args)]
 pub struct RunArgs {
-    /// A YAML/JSON manifest file or a directory of them, watched for changes.
+    /// A YAML/JSON manifest file or a directory of them, watched for changes (instead of the
+    /// Kubernetes API).
+    #[arg(long, value_name = "PATH", conflicts_with = "kubeconfig")]
+    pub manifests: Option<PathBuf>,
+    /// A kubeconfig for the Kubernetes API (default: in-cluster service account).
     #[arg(long, value_name = "PATH")]
-    pub manifests: PathBuf,
+    pub kubeconfig: Option<String>,
+    /// A kube-proxy KubeProxyConfiguration file; flags given on the command line override it.
+    #[arg(long, value_name = "PATH")]
+    pub config: Option<PathBuf>,
     #[command(flatten)]
     pub proxy: ProxyArgs,
     /// Minimum time between syncs: changes arriving faster are applied together.
@@ -57,9 +64,55 @@ pub struct RunArgs {
     /// Address of /healthz and /livez (empty disables).
     #[arg(long, value_name = "IP:PORT", default_value = "0.0.0.0:10256")]
     pub healthz_bind_address: String,
+    /// Address of /metrics and /proxyMode (empty disables).
+    #[arg(long, value_name = "IP:PORT", default_value = "127.0.0.1:10249")]
+    pub metrics_bind_address: String,
     /// How often manifests are checked for changes.
     #[arg(long, value_name = "DURATION", default_value = "200ms", value_parser = humantime::parse_duration, hide = true)]
     pub manifests_poll: std::time::Duration,
+}
+
+impl RunArgs {
+    /// Settings from the flags, the config file under them; warnings name unused file fields.
+    pub fn settings(&self, matches: Option<&clap::ArgMatches>) -> Result<(crate::run::RunSettings, Vec<String>), CliError> {
+        let explicit = |id: &str| -> bool {
+            matches.is_some_and(|m| m.value_source(id) == Some(clap::parser::ValueSource::CommandLine))
+        };
+        let (file, warnings) = match &self.config {
+            Some(path) => {
+                let text = std::fs::read_to_string(path)
+                    .map_err(|e| ConfigError::File(format!("{}: {e}", path.display())))?;
+                config::file::parse(&text)?
+            }
+            None => (config::file::FileSettings::default(), Vec::new()),
+        };
+        let proxy = config::merge(self.proxy.config()?, &explicit, &file)?;
+        let pick = |id: &str, flag: std::time::Duration, from_file: Option<std::time::Duration>| {
+            if explicit(id) { flag } else { from_file.unwrap_or(flag) }
+        };
+        let address = |id: &'static str, flag: &str, from_file: Option<Option<std::net::SocketAddr>>| {
+            if explicit(id) { bind_address(id, flag) } else { from_file.map_or_else(|| bind_address(id, flag), Ok) }
+        };
+        let source = match (&self.manifests, &self.kubeconfig) {
+            (Some(path), _) => crate::run::SourceSetting::Manifests(path.clone()),
+            (None, Some(kc)) => crate::run::SourceSetting::Kubernetes { kubeconfig: Some(kc.clone()) },
+            (None, None) => crate::run::SourceSetting::Kubernetes { kubeconfig: file.kubeconfig.clone() },
+        };
+        let settings = crate::run::RunSettings {
+            proxy,
+            source,
+            timing: crate::reconcile::runner::Timing {
+                min_sync_period: pick("min_sync_period", self.min_sync_period, file.min_sync_period),
+                sync_period: pick("sync_period", self.sync_period, file.sync_period),
+                ..Default::default()
+            },
+            healthz: address("healthz_bind_address", &self.healthz_bind_address, file.healthz_bind_address)?,
+            metrics: address("metrics_bind_address", &self.metrics_bind_address, file.metrics_bind_address)?,
+            poll: self.manifests_poll,
+            conntrack: file.conntrack.clone(),
+        };
+        Ok((settings, warnings))
+    }
 }
 
 /// Where objects come from, plus the proxy flags.
@@ -184,9 +237,10 @@ pub fn plan_for(config: &ProxyConfig, state: &ClusterState) -> Plan {
     plan(&PlanInput { config, state, nodeports_v4: &targets.v4, nodeports_v6: &targets.v6 })
 }
 
-/// Runs the CLI; returns the process exit code.
-pub fn run(cli: Cli) -> ExitCode {
-    match execute(cli) {
+/// Runs the CLI; returns the process exit code. `matches` tells flags given on the command line
+/// from defaults (a config file sits between them).
+pub fn run(cli: Cli, matches: Option<&clap::ArgMatches>) -> ExitCode {
+    match execute(cli, matches) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             error!("{e}");
@@ -196,7 +250,7 @@ pub fn run(cli: Cli) -> ExitCode {
     }
 }
 
-fn execute(cli: Cli) -> Result<(), CliError> {
+fn execute(cli: Cli, matches: Option<&clap::ArgMatches>) -> Result<(), CliError> {
     match cli.command {
         Command::Render(args) => {
             let config = args.proxy.config()?;
@@ -234,17 +288,11 @@ fn execute(cli: Cli) -> Result<(), CliError> {
             Ok(())
         }
         Command::Run(args) => {
-            let settings = crate::run::RunSettings {
-                proxy: args.proxy.config()?,
-                source: crate::run::SourceSetting::Manifests(args.manifests.clone()),
-                timing: crate::reconcile::runner::Timing {
-                    min_sync_period: args.min_sync_period,
-                    sync_period: args.sync_period,
-                    ..Default::default()
-                },
-                healthz: bind_address("--healthz-bind-address", &args.healthz_bind_address)?,
-                poll: args.manifests_poll,
-            };
+            let sub = matches.and_then(|m| m.subcommand_matches("run"));
+            let (settings, warnings) = args.settings(sub)?;
+            for w in warnings {
+                warn!("--config {w}");
+            }
             Ok(crate::run::run(settings)?)
         }
         Command::Demo(args) => Ok(crate::demo::run(&args)?),

@@ -130,3 +130,38 @@ mod tests {
         assert!(stale_flows(&[tcp], &[target()]).is_empty(), "other protocols are left alone");
     }
 }
+
+/// Applies the `conntrack:` settings of a kube-proxy config, as kube-proxy does at start-up
+/// (`nf_conntrack_max` = max(min, maxPerCore × CPUs), timeouts, be-liberal). Each failure is
+/// logged and skipped: some of these are only writable in the host's namespace.
+pub fn apply_sysctls(c: &crate::config::file::ConntrackSettings) {
+    let mut writes: Vec<(&str, String)> = Vec::new();
+    if let Some(per_core) = c.max_per_core.filter(|p| *p > 0) {
+        let cpus = std::thread::available_parallelism().map(|n| n.get() as u64).unwrap_or(1);
+        let max = (u64::from(per_core) * cpus).max(u64::from(c.min.unwrap_or(0)));
+        writes.push(("nf_conntrack_max", max.to_string()));
+    }
+    let secs = |d: &Option<std::time::Duration>| d.filter(|d| !d.is_zero()).map(|d| d.as_secs().to_string());
+    if let Some(v) = secs(&c.tcp_established_timeout) {
+        writes.push(("nf_conntrack_tcp_timeout_established", v));
+    }
+    if let Some(v) = secs(&c.tcp_close_wait_timeout) {
+        writes.push(("nf_conntrack_tcp_timeout_close_wait", v));
+    }
+    if let Some(v) = secs(&c.udp_timeout) {
+        writes.push(("nf_conntrack_udp_timeout", v));
+    }
+    if let Some(v) = secs(&c.udp_stream_timeout) {
+        writes.push(("nf_conntrack_udp_timeout_stream", v));
+    }
+    if let Some(b) = c.tcp_be_liberal {
+        writes.push(("nf_conntrack_tcp_be_liberal", if b { "1".into() } else { "0".into() }));
+    }
+    for (name, value) in writes {
+        let path = format!("/proc/sys/net/netfilter/{name}");
+        match std::fs::write(&path, &value) {
+            Ok(()) => info!(sysctl = name, value, "conntrack setting applied"),
+            Err(e) => tracing::warn!(sysctl = name, value, error = %e, "cannot apply conntrack setting"),
+        }
+    }
+}

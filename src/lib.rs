@@ -8,6 +8,7 @@ pub mod net;
 pub mod nft;
 pub mod netlink;
 pub mod lab;
+pub mod metrics;
 pub mod model;
 pub mod config;
 pub mod conntrack;

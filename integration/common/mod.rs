@@ -11,6 +11,8 @@ use nftproxy::lab::traffic::{self, Answer, Tally};
 use nftproxy::lab::{self, Lab, ServerSpec};
 use nftproxy::net::L4Proto;
 
+pub mod apiserver;
+
 /// Prints why a test is skipped and returns true when the machine cannot run lab tests.
 pub fn skip_unless_privileged() -> bool {
     if let Err(e) = lab::require_privileges() {
@@ -270,10 +272,14 @@ impl ClusterLab {
     /// Starts `nftproxy run --manifests <dir>` in node1 with `extra` flags, and waits for its
     /// first sync (healthz answering 200).
     pub fn run_proxy(&self, manifests: &std::path::Path, extra: &[&str]) -> RunningProxy {
-        let mut args = vec![
-            "run",
-            "--manifests",
-            manifests.to_str().unwrap(),
+        self.run_proxy_from(&["--manifests", manifests.to_str().unwrap()], extra)
+    }
+
+    /// Starts `nftproxy run <source> <extra>` in node1 and waits for its first sync.
+    pub fn run_proxy_from(&self, source: &[&str], extra: &[&str]) -> RunningProxy {
+        let mut args = vec!["run"];
+        args.extend_from_slice(source);
+        args.extend_from_slice(&[
             "--hostname-override",
             "node1",
             "--cluster-cidr",
@@ -282,8 +288,9 @@ impl ClusterLab {
             "127.0.0.1:10256",
             "--min-sync-period",
             "100ms",
-        ];
+        ]);
         args.extend_from_slice(extra);
+        let log = std::fs::File::create(self.dir.path().join("proxy.log")).unwrap();
         let child = self
             .lab
             .node("node1")
@@ -291,21 +298,26 @@ impl ClusterLab {
             .command(env!("CARGO_BIN_EXE_nftproxy"))
             .args(&args)
             .stdout(std::process::Stdio::null())
-            .stderr(std::process::Stdio::null())
+            .stderr(log)
             .spawn()
             .unwrap();
         let proxy = RunningProxy { child };
-        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        let deadline = std::time::Instant::now() + Duration::from_secs(15);
         loop {
             if let Ok((200, _)) = self.http_get("node1", "127.0.0.1:10256", "/healthz") {
                 if self.listing().contains("table ip nftproxy") {
                     break;
                 }
             }
-            assert!(std::time::Instant::now() < deadline, "nftproxy run did not become healthy");
+            assert!(std::time::Instant::now() < deadline, "nftproxy run did not become healthy:\n{}", self.proxy_log());
             std::thread::sleep(Duration::from_millis(50));
         }
         proxy
+    }
+
+    /// What `nftproxy run` logged.
+    pub fn proxy_log(&self) -> String {
+        std::fs::read_to_string(self.dir.path().join("proxy.log")).unwrap_or_default()
     }
 
     /// A minimal HTTP GET from `who`; returns the status and body.

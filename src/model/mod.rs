@@ -277,6 +277,17 @@ impl ClusterState {
         Some(service)
     }
 
+    /// Removes every service.
+    pub fn clear_services(&mut self) {
+        self.services.clear();
+    }
+
+    /// Removes every EndpointSlice.
+    pub fn clear_slices(&mut self) {
+        self.slices.clear();
+        self.slice_owner.clear();
+    }
+
     /// Sets (or clears) this node's Node. Returns whether it changed.
     pub fn set_node(&mut self, node: Option<NodeInfo>) -> bool {
         if self.node == node {
@@ -318,17 +329,27 @@ impl ClusterState {
 
     /// Services whose ports or endpoints differ between `self` and `other` (present in either).
     pub fn changed_services(&self, other: &ClusterState) -> std::collections::BTreeSet<NamespacedName> {
-        let mut changed = std::collections::BTreeSet::new();
-        let names = self.services.keys().chain(other.services.keys()).chain(self.slices.keys()).chain(other.slices.keys());
-        for name in names {
-            if changed.contains(name) {
-                continue;
-            }
-            if self.services.get(name) != other.services.get(name) || self.slices.get(name) != other.slices.get(name) {
-                changed.insert(name.clone());
-            }
-        }
-        changed
+        let (services, endpoints) = self.changes(other);
+        services.union(&endpoints).cloned().collect()
+    }
+
+    /// Services whose Service (first) and whose EndpointSlices (second) differ from `other`.
+    pub fn changes(&self, other: &ClusterState) -> (BTreeSet<NamespacedName>, BTreeSet<NamespacedName>) {
+        let services = self
+            .services
+            .keys()
+            .chain(other.services.keys())
+            .filter(|n| self.services.get(*n) != other.services.get(*n))
+            .cloned()
+            .collect();
+        let endpoints = self
+            .slices
+            .keys()
+            .chain(other.slices.keys())
+            .filter(|n| self.slices.get(*n) != other.slices.get(*n))
+            .cloned()
+            .collect();
+        (services, endpoints)
     }
 
     /// The endpoints of a service port in one family: every slice of the service that has a

@@ -113,6 +113,10 @@ pub fn cleanup(nf: &mut dyn Netfilter, config: &ProxyConfig) -> Result<usize, Sy
     Ok(n)
 }
 
+fn parse_time(s: &str) -> Option<std::time::SystemTime> {
+    humantime::parse_rfc3339_weak(s.trim()).ok()
+}
+
 /// Resolves node-port addresses for a plan (reads interfaces; tests substitute fixed values).
 pub type NodePortResolver = Box<dyn FnMut(&ProxyConfig, Option<&NodeInfo>) -> NodePortTargets + Send>;
 
@@ -144,6 +148,16 @@ pub struct Reconciler {
     applied: Option<WireRuleset>,
     needs_full: bool,
     problems: Vec<Problem>,
+    changes: Changes,
+}
+
+/// Changes folded in since the last [`Reconciler::take_changes`].
+#[derive(Debug, Clone, Default)]
+pub struct Changes {
+    pub services: u64,
+    pub endpoints: u64,
+    /// `endpoints.kubernetes.io/last-change-trigger-time` of changed EndpointSlices.
+    pub trigger_times: Vec<std::time::SystemTime>,
 }
 
 impl Reconciler {
@@ -160,6 +174,7 @@ impl Reconciler {
             applied: None,
             needs_full: true,
             problems: Vec::new(),
+            changes: Changes::default(),
         }
     }
 
@@ -194,6 +209,16 @@ impl Reconciler {
         self.needs_full = true;
     }
 
+    /// Changes since the last call (for metrics).
+    pub fn take_changes(&mut self) -> Changes {
+        std::mem::take(&mut self.changes)
+    }
+
+    /// Changes not taken yet.
+    pub fn pending_changes(&self) -> &Changes {
+        &self.changes
+    }
+
     /// Problems reported since the last call (for Events and metrics).
     pub fn take_problems(&mut self) -> Vec<Problem> {
         std::mem::take(&mut self.problems)
@@ -206,19 +231,65 @@ impl Reconciler {
         self.problems.extend(problems);
     }
 
+    /// Replaces the state, recording which services changed and how.
+    fn replace_state(&mut self, new: ClusterState) {
+        let (services, endpoints) = self.state.changes(&new);
+        self.changes.services += services.len() as u64;
+        self.changes.endpoints += endpoints.len() as u64;
+        self.changes.trigger_times.extend(
+            endpoints.iter().flat_map(|svc| new.slices_of(svc)).filter_map(|s| s.trigger_time.as_deref()).filter_map(parse_time),
+        );
+        if self.state.node() != new.node() {
+            self.node_changed = true;
+        }
+        debug!(services = services.len(), endpoints = endpoints.len(), "state replaced");
+        self.pending.extend(services);
+        self.pending.extend(endpoints);
+        self.state = new;
+    }
+
     /// Folds one source event into the state.
     pub fn on_event(&mut self, event: Event) {
         match event {
             Event::Snapshot(snapshot) => {
                 let (new, problems) = crate::source::state_from_snapshot(&snapshot, &self.config.hostname);
                 self.report(problems);
-                let changed = self.state.changed_services(&new);
-                if self.state.node() != new.node() {
+                self.replace_state(new);
+            }
+            Event::ServicesListed(list) => {
+                let mut new = self.state.clone();
+                new.clear_services();
+                for svc in &list {
+                    let converted = convert::service(svc);
+                    self.report(converted.problems);
+                    if let Some(info) = converted.value {
+                        new.upsert_service(info);
+                    }
+                }
+                self.replace_state(new);
+            }
+            Event::SlicesListed(list) => {
+                let mut new = self.state.clone();
+                new.clear_slices();
+                for slice in &list {
+                    let converted = convert::endpoint_slice(slice);
+                    self.report(converted.problems);
+                    if let Some(info) = converted.value {
+                        new.upsert_slice(info);
+                    }
+                }
+                self.replace_state(new);
+            }
+            Event::NodesListed(list) => {
+                let ours = list.iter().find(|n| n.metadata.name.as_deref() == Some(self.config.hostname.as_str()));
+                let info = ours.and_then(|n| {
+                    let converted = convert::node(n);
+                    self.report(converted.problems.clone());
+                    converted.value
+                });
+                if self.state.set_node(info) {
                     self.node_changed = true;
                 }
-                debug!(changed = changed.len(), "snapshot");
-                self.pending.extend(changed);
-                self.state = new;
             }
             Event::ServiceApplied(svc) => {
                 let name = NamespacedName::new(
@@ -232,11 +303,13 @@ impl Reconciler {
                     None => self.state.remove_service(&name),
                 };
                 if changed {
+                    self.changes.services += 1;
                     self.pending.insert(name);
                 }
             }
             Event::ServiceDeleted(name) => {
                 if self.state.remove_service(&name) {
+                    self.changes.services += 1;
                     self.pending.insert(name);
                 }
             }
@@ -247,12 +320,23 @@ impl Reconciler {
                 );
                 let converted = convert::endpoint_slice(&slice);
                 self.report(converted.problems);
-                match converted.value {
-                    Some(info) => self.pending.extend(self.state.upsert_slice(info)),
-                    None => self.pending.extend(self.state.remove_slice(&name)),
+                let trigger = converted.value.as_ref().and_then(|i| i.trigger_time.as_deref()).and_then(parse_time);
+                let changed: Vec<NamespacedName> = match converted.value {
+                    Some(info) => self.state.upsert_slice(info),
+                    None => self.state.remove_slice(&name).into_iter().collect(),
+                };
+                if !changed.is_empty() {
+                    self.changes.endpoints += 1;
+                    self.changes.trigger_times.extend(trigger);
+                }
+                self.pending.extend(changed);
+            }
+            Event::SliceDeleted(name) => {
+                if let Some(service) = self.state.remove_slice(&name) {
+                    self.changes.endpoints += 1;
+                    self.pending.insert(service);
                 }
             }
-            Event::SliceDeleted(name) => self.pending.extend(self.state.remove_slice(&name)),
             Event::NodeApplied(node) => {
                 if node.metadata.name.as_deref() != Some(self.config.hostname.as_str()) {
                     return;

@@ -191,17 +191,17 @@ fn add_object(file: &Path, position: &str, v: Value, out: &mut Manifests) {
         return;
     }
     match (api_version.as_str(), kind.as_str()) {
-        ("v1", "Service") => match serde_json::from_value::<Service>(v) {
+        ("v1", "Service") => match serde_path_to_error::deserialize::<_, Service>(v) {
             Ok(s) => out.services.push(s),
-            Err(e) => out.problems.push(problem(format!("invalid Service: {e}"))),
+            Err(e) => out.problems.push(problem(format!("invalid Service: {}: {}", e.path(), e.inner()))),
         },
-        ("discovery.k8s.io/v1", "EndpointSlice") => match serde_json::from_value::<EndpointSlice>(v) {
+        ("discovery.k8s.io/v1", "EndpointSlice") => match serde_path_to_error::deserialize::<_, EndpointSlice>(v) {
             Ok(s) => out.slices.push(s),
-            Err(e) => out.problems.push(problem(format!("invalid EndpointSlice: {e}"))),
+            Err(e) => out.problems.push(problem(format!("invalid EndpointSlice: {}: {}", e.path(), e.inner()))),
         },
-        ("v1", "Node") => match serde_json::from_value::<Node>(v) {
+        ("v1", "Node") => match serde_path_to_error::deserialize::<_, Node>(v) {
             Ok(n) => out.nodes.push(n),
-            Err(e) => out.problems.push(problem(format!("invalid Node: {e}"))),
+            Err(e) => out.problems.push(problem(format!("invalid Node: {}: {}", e.path(), e.inner()))),
         },
         ("", _) | (_, "") => out.problems.push(problem("missing apiVersion or kind".into())),
         (api, k) => {

@@ -1,6 +1,7 @@
 //! Where Kubernetes objects come from. Every source emits the same [`Event`]s, which the
 //! reconciler folds into its [`ClusterState`].
 
+pub mod kube;
 pub mod manifests;
 pub mod watch;
 
@@ -10,8 +11,13 @@ use k8s_openapi::api::discovery::v1::EndpointSlice;
 /// Something a source observed.
 #[derive(Debug, Clone)]
 pub enum Event {
-    /// A complete set of objects that replaces everything seen before (manifests, relist).
+    /// A complete set of objects that replaces everything seen before (manifests).
     Snapshot(Box<Snapshot>),
+    /// A complete list of one kind that replaces every object of that kind (a watch's first
+    /// list, or a relist).
+    ServicesListed(Vec<Service>),
+    SlicesListed(Vec<EndpointSlice>),
+    NodesListed(Vec<Node>),
     ServiceApplied(Box<Service>),
     ServiceDeleted(NamespacedName),
     SliceApplied(Box<EndpointSlice>),
