@@ -56,7 +56,9 @@ fn the_kernel_follows_the_api_server() {
 
     // ADDED: a new service.
     apply_all(&api, &services_yaml(&[svc("api", "10.96.0.11", &[WEB_3])]));
-    assert!(lab.eventually(within, || lab.ask("client", L4Proto::Tcp, "10.96.0.11:80").is_ok_and(|a| a.backend == "web-3")));
+    assert!(
+        lab.eventually(within, || lab.ask("client", L4Proto::Tcp, "10.96.0.11:80").is_ok_and(|a| a.backend == "web-3"))
+    );
     // MODIFIED: endpoints of web change.
     for slice in only(&services_yaml(&[svc("web", "10.96.0.10", &[WEB_3])]), "EndpointSlice") {
         api.apply(slice);

@@ -26,14 +26,23 @@ fn ip(s: &str) -> IpAddr {
 /// A table with every shape and statement nftproxy emits, for one family.
 fn every_shape(family: IpFamily) -> Table {
     let (svc, ep1, ep2, cidr, lo): (IpAddr, IpAddr, IpAddr, &str, Value) = match family {
-        IpFamily::V4 => (ip("172.30.0.41"), ip("10.180.0.1"), ip("10.180.0.2"), "10.0.0.0/8", Value::Prefix("127.0.0.0/8".parse().unwrap())),
-        IpFamily::V6 => (ip("fd00:172:30::41"), ip("fd00:10:180::1"), ip("fd00:10:180::2"), "fd00:10::/48", Value::Addr(ip("::1"))),
+        IpFamily::V4 => (
+            ip("172.30.0.41"),
+            ip("10.180.0.1"),
+            ip("10.180.0.2"),
+            "10.0.0.0/8",
+            Value::Prefix("127.0.0.0/8".parse().unwrap()),
+        ),
+        IpFamily::V6 => {
+            (ip("fd00:172:30::41"), ip("fd00:10:180::1"), ip("fd00:10:180::2"), "fd00:10::/48", Value::Addr(ip("::1")))
+        }
     };
     let infra = Owner::infrastructure;
     let own = Owner::new("ns1/svc1:p80");
     let mut t = Table::new(family, "nftproxy", Some("rules for nftproxy"));
 
-    let mut cluster_ips = Set::new("cluster-ips", SetShape::Addresses(family), infra()).with_comment("Active ClusterIPs");
+    let mut cluster_ips =
+        Set::new("cluster-ips", SetShape::Addresses(family), infra()).with_comment("Active ClusterIPs");
     cluster_ips.insert(vec![Value::Addr(svc)], Element::key_only(own.clone()));
     t.add_set(cluster_ips);
     let mut cidrs = Set::new("pod-cidrs", SetShape::Prefixes(family), infra());
@@ -42,7 +51,8 @@ fn every_shape(family: IpFamily) -> Table {
     let mut hairpin = Set::new("hairpin-endpoints", SetShape::AddressPairs(family), infra());
     hairpin.insert(vec![Value::Addr(ep1), Value::Addr(ep1)], Element::key_only(own.clone()));
     t.add_set(hairpin);
-    let mut service_ips = Set::new("service-ips", SetShape::ServiceVerdicts(family), infra()).with_comment("ClusterIP traffic");
+    let mut service_ips =
+        Set::new("service-ips", SetShape::ServiceVerdicts(family), infra()).with_comment("ClusterIP traffic");
     service_ips.insert(
         vec![Value::Addr(svc), Value::Proto(L4Proto::Tcp), Value::Port(80)],
         Element::verdict(Verdict::Goto("service-A".into()), own.clone()),
@@ -59,7 +69,10 @@ fn every_shape(family: IpFamily) -> Table {
     );
     t.add_set(no_ep);
     let mut nodeports = Set::new("service-nodeports", SetShape::PortVerdicts, infra());
-    nodeports.insert(vec![Value::Proto(L4Proto::Tcp), Value::Port(30080)], Element::verdict(Verdict::Goto("service-A".into()), own.clone()));
+    nodeports.insert(
+        vec![Value::Proto(L4Proto::Tcp), Value::Port(30080)],
+        Element::verdict(Verdict::Goto("service-A".into()), own.clone()),
+    );
     t.add_set(nodeports);
     let mut targets = Set::new("endpoints-A", SetShape::EndpointTargets(family), own.clone());
     targets.insert(vec![Value::Index(0)], Element::values(vec![Value::Addr(ep1), Value::Port(8080)], own.clone()));
@@ -95,7 +108,11 @@ fn every_shape(family: IpFamily) -> Table {
     let mut masq = Chain::regular("masquerading", infra());
     masq.push(Rule::new(vec![
         Stmt::CtStatusDnat,
-        Stmt::Lookup { key: vec![Selector::Saddr(family), Selector::Daddr(family)], set: "hairpin-endpoints".into(), negate: false },
+        Stmt::Lookup {
+            key: vec![Selector::Saddr(family), Selector::Daddr(family)],
+            set: "hairpin-endpoints".into(),
+            negate: false,
+        },
         Stmt::Verdict(Verdict::Jump("mark-for-masquerade".into())),
     ]));
     masq.push(Rule::new(vec![Stmt::MarkBitsEq { mask: 0x4000, value: 0 }, Stmt::Verdict(Verdict::Return)]));
@@ -112,7 +129,13 @@ fn every_shape(family: IpFamily) -> Table {
     }]));
     t.add_chain(check);
     let mut cip = Chain::regular("cluster-ips-check", infra());
-    cip.push(Rule::new(vec![Stmt::Lookup { key: vec![Selector::Daddr(family)], set: "cluster-ips".into(), negate: false }, Stmt::Reject(family)]).with_comment("Reject traffic to invalid ports of ClusterIPs"));
+    cip.push(
+        Rule::new(vec![
+            Stmt::Lookup { key: vec![Selector::Daddr(family)], set: "cluster-ips".into(), negate: false },
+            Stmt::Reject(family),
+        ])
+        .with_comment("Reject traffic to invalid ports of ClusterIPs"),
+    );
     t.add_chain(cip);
     let mut services = Chain::regular("services", infra());
     services.push(Rule::new(vec![
@@ -140,10 +163,13 @@ fn every_shape(family: IpFamily) -> Table {
     ]));
     t.add_chain(services);
     let mut a = Chain::regular("service-A", own.clone());
-    a.push(Rule::new(vec![
-        Stmt::Cmp { sel: Selector::L4Proto, op: CmpOp::Eq, value: Value::Proto(L4Proto::Tcp) },
-        Stmt::DnatNumgenMap { family, modulus: 2, map: "endpoints-A".into() },
-    ]).with_comment("ns1/svc1:p80"));
+    a.push(
+        Rule::new(vec![
+            Stmt::Cmp { sel: Selector::L4Proto, op: CmpOp::Eq, value: Value::Proto(L4Proto::Tcp) },
+            Stmt::DnatNumgenMap { family, modulus: 2, map: "endpoints-A".into() },
+        ])
+        .with_comment("ns1/svc1:p80"),
+    );
     t.add_chain(a);
     let mut b = Chain::regular("service-B", own.clone());
     b.push(Rule::new(vec![
@@ -262,10 +288,8 @@ fn handles(listing: &str, chain: &str) -> Vec<String> {
             inside = true;
         } else if inside && line.trim() == "}" {
             break;
-        } else if inside {
-            if let Some(h) = line.split("# handle ").nth(1) {
-                out.push(h.trim().to_string());
-            }
+        } else if inside && let Some(h) = line.split("# handle ").nth(1) {
+            out.push(h.trim().to_string());
         }
     }
     out
@@ -408,7 +432,10 @@ fn sync_exits_non_zero_and_says_why_when_the_kernel_refuses() {
             ops: vec![nftproxy::nft::Op {
                 family: IpFamily::V4,
                 table: "nftproxy".into(),
-                kind: nftproxy::nft::OpKind::AddTable { flags: nftproxy::nft::wire::consts::TABLE_F_OWNER, userdata: None },
+                kind: nftproxy::nft::OpKind::AddTable {
+                    flags: nftproxy::nft::wire::consts::TABLE_F_OWNER,
+                    userdata: None,
+                },
                 owner: Owner::infrastructure(),
             }],
         };

@@ -42,7 +42,11 @@ fn session_affinity_holds_and_moves_when_the_endpoint_goes() {
     assert_eq!(udp.by_backend.len(), 1, "UDP sticks too: {udp:?}");
 
     // Remove the chosen endpoint: its affinity set goes with it; the client moves and sticks again.
-    let rest: Vec<Ep<'_>> = ALL.iter().copied().filter(|e| lab.lab.pod(&chosen).map(|p| p.ip.to_string()) != Some(e.0.to_string())).collect();
+    let rest: Vec<Ep<'_>> = ALL
+        .iter()
+        .copied()
+        .filter(|e| lab.lab.pod(&chosen).map(|p| p.ip.to_string()) != Some(e.0.to_string()))
+        .collect();
     lab.sync(&services_yaml(&[affine(&rest)]));
     let moved = lab.tally("client", L4Proto::Tcp, "10.96.0.10:80", 25);
     assert_eq!(moved.by_backend.len(), 1, "{moved:?}");
@@ -81,7 +85,11 @@ fn terminating_endpoints_serve_only_when_nothing_is_ready() {
     let not_serving = "conditions: {ready: false, serving: false, terminating: true}";
     let yaml = |ready3: bool| {
         services_yaml(&[Svc {
-            endpoints: &[("10.244.1.10", "node1", false), ("10.244.1.11", "node1", false), ("10.244.2.10", "node2", ready3)],
+            endpoints: &[
+                ("10.244.1.10", "node1", false),
+                ("10.244.1.11", "node1", false),
+                ("10.244.2.10", "node2", ready3),
+            ],
             endpoint_extra: &[terminating, not_serving, if ready3 { "" } else { not_serving }],
             ..web(&[])
         }])
@@ -107,7 +115,11 @@ fn topology_hints_select_the_zone_and_fall_back_without_them() {
     let lab = ClusterLab::new();
     // node1 is in zone-a (its Node label, written by services_yaml).
     lab.sync(&services_yaml(&[Svc {
-        endpoint_extra: &["hints: {forZones: [{name: zone-a}]}", "hints: {forZones: [{name: zone-b}]}", "hints: {forZones: [{name: zone-a}]}"],
+        endpoint_extra: &[
+            "hints: {forZones: [{name: zone-a}]}",
+            "hints: {forZones: [{name: zone-b}]}",
+            "hints: {forZones: [{name: zone-a}]}",
+        ],
         ..web(&ALL)
     }]));
     let t = lab.tally("client", L4Proto::Tcp, "10.96.0.10:80", 60);
@@ -134,9 +146,14 @@ fn stale_conntrack_case(cleanup: bool) -> (String, String) {
     sync(&ALL);
     // A DNS-like client: fixed source port, one datagram at a time.
     let first = udp_from(&lab, "client", "0.0.0.0:5353", "10.96.0.10:53").unwrap().backend;
-    let rest: Vec<Ep<'_>> = ALL.iter().copied().filter(|e| lab.lab.pod(&first).map(|p| p.ip.to_string()) != Some(e.0.to_string())).collect();
+    let rest: Vec<Ep<'_>> = ALL
+        .iter()
+        .copied()
+        .filter(|e| lab.lab.pod(&first).map(|p| p.ip.to_string()) != Some(e.0.to_string()))
+        .collect();
     sync(&rest);
-    let second = udp_from(&lab, "client", "0.0.0.0:5353", "10.96.0.10:53").map(|a| a.backend).unwrap_or_else(|e| e.to_string());
+    let second =
+        udp_from(&lab, "client", "0.0.0.0:5353", "10.96.0.10:53").map(|a| a.backend).unwrap_or_else(|e| e.to_string());
     (first, second)
 }
 
@@ -208,7 +225,10 @@ fn ipv6_and_dual_stack_services() {
     let out = lab.sync_with(&dual_stack_yaml(), &["--cluster-cidr", "10.244.0.0/16,fd00:10:244::/56"]);
     assert!(out.contains("1 transaction"), "{out}");
     let listing = lab.listing();
-    assert!(listing.contains("table ip nftproxy") && listing.contains("table ip6 nftproxy"), "both families in one transaction");
+    assert!(
+        listing.contains("table ip nftproxy") && listing.contains("table ip6 nftproxy"),
+        "both families in one transaction"
+    );
     let both = set(&["web-1", "web-3"]);
     let t = lab.tally("client", L4Proto::Tcp, "[fd00:96::10]:80", 60);
     assert_eq!(backends(&t), both, "IPv6 ClusterIP TCP: {t:?}");

@@ -74,14 +74,17 @@ pub struct RunArgs {
 
 impl RunArgs {
     /// Settings from the flags, the config file under them; warnings name unused file fields.
-    pub fn settings(&self, matches: Option<&clap::ArgMatches>) -> Result<(crate::run::RunSettings, Vec<String>), CliError> {
+    pub fn settings(
+        &self,
+        matches: Option<&clap::ArgMatches>,
+    ) -> Result<(crate::run::RunSettings, Vec<String>), CliError> {
         let explicit = |id: &str| -> bool {
             matches.is_some_and(|m| m.value_source(id) == Some(clap::parser::ValueSource::CommandLine))
         };
         let (file, warnings) = match &self.config {
             Some(path) => {
-                let text = std::fs::read_to_string(path)
-                    .map_err(|e| ConfigError::File(format!("{}: {e}", path.display())))?;
+                let text =
+                    std::fs::read_to_string(path).map_err(|e| ConfigError::File(format!("{}: {e}", path.display())))?;
                 config::file::parse(&text)?
             }
             None => (config::file::FileSettings::default(), Vec::new()),
@@ -264,10 +267,10 @@ fn execute(cli: Cli, matches: Option<&clap::ArgMatches>) -> Result<(), CliError>
             let planned = plan_for(&config, &state);
             let mut kernel = Kernel::open()?;
             let report = reconcile::sync_with_kernel(&mut kernel, &config, &planned)?;
-            if config.conntrack_cleanup {
-                if let Err(e) = crate::conntrack::clean(&planned.conntrack) {
-                    warn!(error = %e, "conntrack cleanup failed");
-                }
+            if config.conntrack_cleanup
+                && let Err(e) = crate::conntrack::clean(&planned.conntrack)
+            {
+                warn!(error = %e, "conntrack cleanup failed");
             }
             println!(
                 "synced {} services ({} ports, {} endpoints): 1 transaction, {} messages, {:.1} ms",

@@ -20,10 +20,8 @@ use crate::plan::ConntrackTarget;
 pub fn stale_flows(flows: &[Flow], targets: &[ConntrackTarget]) -> Vec<Flow> {
     let mut by_destination: HashMap<(u8, SocketAddr), usize> = HashMap::new();
     let mut by_node_port: HashMap<(u8, u16), usize> = HashMap::new();
-    let endpoints: Vec<HashSet<SocketAddr>> = targets
-        .iter()
-        .map(|t| t.endpoints.iter().map(|(ip, port)| SocketAddr::new(*ip, *port)).collect())
-        .collect();
+    let endpoints: Vec<HashSet<SocketAddr>> =
+        targets.iter().map(|t| t.endpoints.iter().map(|(ip, port)| SocketAddr::new(*ip, *port)).collect()).collect();
     for (i, t) in targets.iter().enumerate() {
         let proto = t.protocol.number();
         for (ip, port) in &t.destinations {
@@ -37,9 +35,7 @@ pub fn stale_flows(flows: &[Flow], targets: &[ConntrackTarget]) -> Vec<Flow> {
         .iter()
         .filter(|f| {
             let dst = canonical(f.original.dst);
-            let target = by_destination
-                .get(&(f.protocol, dst))
-                .or_else(|| by_node_port.get(&(f.protocol, dst.port())));
+            let target = by_destination.get(&(f.protocol, dst)).or_else(|| by_node_port.get(&(f.protocol, dst.port())));
             target.is_some_and(|&i| !endpoints[i].contains(&canonical(f.reply.src)))
         })
         .copied()
@@ -89,48 +85,6 @@ pub fn family_of(ip: &IpAddr) -> IpFamily {
     IpFamily::of(&ip.to_canonical())
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::net::L4Proto;
-    use crate::netlink::conntrack::Tuple;
-
-    fn flow(orig_dst: &str, reply_src: &str) -> Flow {
-        Flow {
-            protocol: 17,
-            original: Tuple { src: "10.244.1.10:5000".parse().unwrap(), dst: orig_dst.parse().unwrap() },
-            reply: Tuple { src: reply_src.parse().unwrap(), dst: "10.244.1.10:5000".parse().unwrap() },
-        }
-    }
-
-    fn target() -> ConntrackTarget {
-        ConntrackTarget {
-            protocol: L4Proto::Udp,
-            destinations: vec![("10.96.0.10".parse().unwrap(), 53), ("203.0.113.5".parse().unwrap(), 53)],
-            node_port: Some(30053),
-            endpoints: vec![("10.244.2.10".parse().unwrap(), 5353)],
-        }
-    }
-
-    #[test]
-    fn only_flows_of_a_service_to_a_non_endpoint_are_stale() {
-        let flows = vec![
-            flow("10.96.0.10:53", "10.244.2.10:5353"),   // live endpoint: kept
-            flow("10.96.0.10:53", "10.244.1.11:5353"),   // removed endpoint: stale
-            flow("203.0.113.5:53", "10.244.1.11:5353"),  // LB IP, removed endpoint: stale
-            flow("192.168.50.2:30053", "10.244.1.11:5353"), // NodePort, removed endpoint: stale
-            flow("10.96.0.10:53", "10.96.0.10:53"),      // before the first endpoint (not DNATed): stale
-            flow("10.96.0.99:53", "10.244.1.11:5353"),   // not a service: kept
-            flow("10.96.0.10:54", "10.244.1.11:5353"),   // other port: kept
-        ];
-        let stale = stale_flows(&flows, &[target()]);
-        assert_eq!(stale, vec![flows[1], flows[2], flows[3], flows[4]]);
-        let mut tcp = flows[1];
-        tcp.protocol = 6;
-        assert!(stale_flows(&[tcp], &[target()]).is_empty(), "other protocols are left alone");
-    }
-}
-
 /// Applies the `conntrack:` settings of a kube-proxy config, as kube-proxy does at start-up
 /// (`nf_conntrack_max` = max(min, maxPerCore × CPUs), timeouts, be-liberal). Each failure is
 /// logged and skipped: some of these are only writable in the host's namespace.
@@ -163,5 +117,47 @@ pub fn apply_sysctls(c: &crate::config::file::ConntrackSettings) {
             Ok(()) => info!(sysctl = name, value, "conntrack setting applied"),
             Err(e) => tracing::warn!(sysctl = name, value, error = %e, "cannot apply conntrack setting"),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::net::L4Proto;
+    use crate::netlink::conntrack::Tuple;
+
+    fn flow(orig_dst: &str, reply_src: &str) -> Flow {
+        Flow {
+            protocol: 17,
+            original: Tuple { src: "10.244.1.10:5000".parse().unwrap(), dst: orig_dst.parse().unwrap() },
+            reply: Tuple { src: reply_src.parse().unwrap(), dst: "10.244.1.10:5000".parse().unwrap() },
+        }
+    }
+
+    fn target() -> ConntrackTarget {
+        ConntrackTarget {
+            protocol: L4Proto::Udp,
+            destinations: vec![("10.96.0.10".parse().unwrap(), 53), ("203.0.113.5".parse().unwrap(), 53)],
+            node_port: Some(30053),
+            endpoints: vec![("10.244.2.10".parse().unwrap(), 5353)],
+        }
+    }
+
+    #[test]
+    fn only_flows_of_a_service_to_a_non_endpoint_are_stale() {
+        let flows = vec![
+            flow("10.96.0.10:53", "10.244.2.10:5353"),      // live endpoint: kept
+            flow("10.96.0.10:53", "10.244.1.11:5353"),      // removed endpoint: stale
+            flow("203.0.113.5:53", "10.244.1.11:5353"),     // LB IP, removed endpoint: stale
+            flow("192.168.50.2:30053", "10.244.1.11:5353"), // NodePort, removed endpoint: stale
+            flow("10.96.0.10:53", "10.96.0.10:53"),         // before the first endpoint (not DNATed): stale
+            flow("10.96.0.99:53", "10.244.1.11:5353"),      // not a service: kept
+            flow("10.96.0.10:54", "10.244.1.11:5353"),      // other port: kept
+        ];
+        let stale = stale_flows(&flows, &[target()]);
+        assert_eq!(stale, vec![flows[1], flows[2], flows[3], flows[4]]);
+        let mut tcp = flows[1];
+        tcp.protocol = 6;
+        assert!(stale_flows(&[tcp], &[target()]).is_empty(), "other protocols are left alone");
     }
 }

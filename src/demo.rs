@@ -118,11 +118,15 @@ pub fn run(args: &DemoArgs) -> Result<(), DemoError> {
     lab.add_client("client")?;
     lab.start_servers(&[ServerSpec::tcp(8080), ServerSpec::udp(8080)])?;
     for node in &lab.nodes {
-        let pods: Vec<String> = lab.pods.iter().filter(|p| p.node == node.name).map(|p| format!("{} {}", p.name, p.ip)).collect();
+        let pods: Vec<String> =
+            lab.pods.iter().filter(|p| p.node == node.name).map(|p| format!("{} {}", p.name, p.ip)).collect();
         println!("  {:<7} {:<14} bridge cbr0 {:<12} pods: {}", node.name, node.ip, node.gateway, pods.join(", "));
     }
     for c in &lab.clients {
-        println!("  {:<7} {:<14} outside the cluster (the wan routes 10.96.0.0/16 and 203.0.113.0/24 to node1)", c.name, c.ip);
+        println!(
+            "  {:<7} {:<14} outside the cluster (the wan routes 10.96.0.0/16 and 203.0.113.0/24 to node1)",
+            c.name, c.ip
+        );
     }
     check(&stop)?;
 
@@ -133,12 +137,42 @@ pub fn run(args: &DemoArgs) -> Result<(), DemoError> {
     let pod = lab.pod("web-1").map(|p| &p.ns).ok_or_else(|| DemoError::Agent("no pod".into()))?;
 
     let runs: [(&Netns, L4Proto, &str, usize, &str); 6] = [
-        (client, L4Proto::Tcp, "10.96.0.10:80", n, "ClusterIP default/web, TCP, from the client (outside --cluster-cidr: masqueraded)"),
+        (
+            client,
+            L4Proto::Tcp,
+            "10.96.0.10:80",
+            n,
+            "ClusterIP default/web, TCP, from the client (outside --cluster-cidr: masqueraded)",
+        ),
         (client, L4Proto::Udp, "10.96.0.10:53", n, "ClusterIP default/web, UDP, from the client"),
-        (pod, L4Proto::Tcp, "10.96.0.10:80", n / 3, "ClusterIP from pod web-1 (source kept; reaching itself: hairpin, masqueraded)"),
-        (client, L4Proto::Tcp, "192.168.50.2:30080", n / 2, "NodePort default/web-nodeport on node1 (Cluster policy: any pod, masqueraded)"),
-        (client, L4Proto::Tcp, "203.0.113.10:80", n / 2, "LoadBalancer default/web-lb, externalTrafficPolicy Local (node1's pods only, client IP kept)"),
-        (pod, L4Proto::Tcp, "203.0.113.10:80", n / 3, "the same LB IP from pod web-1 (short-circuited to every endpoint)"),
+        (
+            pod,
+            L4Proto::Tcp,
+            "10.96.0.10:80",
+            n / 3,
+            "ClusterIP from pod web-1 (source kept; reaching itself: hairpin, masqueraded)",
+        ),
+        (
+            client,
+            L4Proto::Tcp,
+            "192.168.50.2:30080",
+            n / 2,
+            "NodePort default/web-nodeport on node1 (Cluster policy: any pod, masqueraded)",
+        ),
+        (
+            client,
+            L4Proto::Tcp,
+            "203.0.113.10:80",
+            n / 2,
+            "LoadBalancer default/web-lb, externalTrafficPolicy Local (node1's pods only, client IP kept)",
+        ),
+        (
+            pod,
+            L4Proto::Tcp,
+            "203.0.113.10:80",
+            n / 3,
+            "the same LB IP from pod web-1 (short-circuited to every endpoint)",
+        ),
     ];
     for (ns, protocol, target, count, title) in runs {
         let target = addr(target);

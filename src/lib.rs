@@ -4,19 +4,19 @@
 //! function) → desired [`nft::Ruleset`] → [`nft::lower`] → [`nft::diff`] against what the kernel
 //! holds → [`netlink`] applies one atomic transaction.
 
-pub mod net;
-pub mod nft;
-pub mod netlink;
+pub mod cli;
+pub mod config;
+pub mod conntrack;
+pub mod demo;
+pub mod health;
 pub mod lab;
 pub mod metrics;
 pub mod model;
-pub mod config;
-pub mod conntrack;
-pub mod plan;
-pub mod source;
-pub mod cli;
-pub mod health;
-pub mod run;
-pub mod demo;
+pub mod net;
+pub mod netlink;
+pub mod nft;
 pub mod nodeaddr;
+pub mod plan;
 pub mod reconcile;
+pub mod run;
+pub mod source;

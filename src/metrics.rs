@@ -76,31 +76,91 @@ impl Metrics {
             syncs: Family::default(),
             registry: Registry::default(),
         };
-        registry.register("kubeproxy_sync_proxy_rules_duration_seconds", "Sync latency (plan, diff and kernel) in seconds", m.sync_duration.clone());
-        registry.register("kubeproxy_sync_full_proxy_rules_duration_seconds", "Full sync latency in seconds", m.full_sync_duration.clone());
-        registry.register("kubeproxy_sync_partial_proxy_rules_duration_seconds", "Partial sync latency in seconds", m.partial_sync_duration.clone());
-        registry.register("kubeproxy_sync_proxy_rules_last_timestamp_seconds", "The last time rules were successfully synced", m.last_sync_timestamp.clone());
-        registry.register("kubeproxy_sync_proxy_rules_last_queued_timestamp_seconds", "The last time a sync was queued", m.last_queued_timestamp.clone());
+        registry.register(
+            "kubeproxy_sync_proxy_rules_duration_seconds",
+            "Sync latency (plan, diff and kernel) in seconds",
+            m.sync_duration.clone(),
+        );
+        registry.register(
+            "kubeproxy_sync_full_proxy_rules_duration_seconds",
+            "Full sync latency in seconds",
+            m.full_sync_duration.clone(),
+        );
+        registry.register(
+            "kubeproxy_sync_partial_proxy_rules_duration_seconds",
+            "Partial sync latency in seconds",
+            m.partial_sync_duration.clone(),
+        );
+        registry.register(
+            "kubeproxy_sync_proxy_rules_last_timestamp_seconds",
+            "The last time rules were successfully synced",
+            m.last_sync_timestamp.clone(),
+        );
+        registry.register(
+            "kubeproxy_sync_proxy_rules_last_queued_timestamp_seconds",
+            "The last time a sync was queued",
+            m.last_queued_timestamp.clone(),
+        );
         registry.register(
             "kubeproxy_network_programming_duration_seconds",
             "Time from an endpoint change (last-change-trigger-time) to its rules being in the kernel",
             m.network_programming.clone(),
         );
-        registry.register("kubeproxy_sync_proxy_rules_endpoint_changes", "Cumulative EndpointSlice changes", m.endpoint_changes.clone());
-        registry.register("kubeproxy_sync_proxy_rules_endpoint_changes_pending", "Pending EndpointSlice changes", m.endpoint_changes_pending.clone());
-        registry.register("kubeproxy_sync_proxy_rules_service_changes", "Cumulative Service changes", m.service_changes.clone());
-        registry.register("kubeproxy_sync_proxy_rules_service_changes_pending", "Pending Service changes", m.service_changes_pending.clone());
-        registry.register("kubeproxy_sync_proxy_rules_nftables_sync_failures", "Failed nftables transactions", m.sync_failures.clone());
+        registry.register(
+            "kubeproxy_sync_proxy_rules_endpoint_changes",
+            "Cumulative EndpointSlice changes",
+            m.endpoint_changes.clone(),
+        );
+        registry.register(
+            "kubeproxy_sync_proxy_rules_endpoint_changes_pending",
+            "Pending EndpointSlice changes",
+            m.endpoint_changes_pending.clone(),
+        );
+        registry.register(
+            "kubeproxy_sync_proxy_rules_service_changes",
+            "Cumulative Service changes",
+            m.service_changes.clone(),
+        );
+        registry.register(
+            "kubeproxy_sync_proxy_rules_service_changes_pending",
+            "Pending Service changes",
+            m.service_changes_pending.clone(),
+        );
+        registry.register(
+            "kubeproxy_sync_proxy_rules_nftables_sync_failures",
+            "Failed nftables transactions",
+            m.sync_failures.clone(),
+        );
         registry.register(
             "kubeproxy_sync_proxy_rules_no_local_endpoints",
             "Service ports with Local traffic policy and no local endpoints",
             m.no_local_endpoints.clone(),
         );
-        registry.register("kubeproxy_conntrack_reconciler_deleted_entries", "Stale conntrack entries deleted", m.conntrack_deleted.clone());
-        registry.register("nftproxy_transaction_messages", "Netlink messages sent in nftables transactions", m.transaction_messages.clone());
-        registry.register("nftproxy_sync_kernel_duration_seconds", "Time the kernel took to process a transaction", m.kernel_duration.clone());
-        registry.register("nftproxy_drift_repairs", "Operations that repaired rules changed outside nftproxy", m.drift_repairs.clone());
-        registry.register("nftproxy_rejected_objects", "Objects (or fields) that could not be programmed, by kind", m.rejected_objects.clone());
+        registry.register(
+            "kubeproxy_conntrack_reconciler_deleted_entries",
+            "Stale conntrack entries deleted",
+            m.conntrack_deleted.clone(),
+        );
+        registry.register(
+            "nftproxy_transaction_messages",
+            "Netlink messages sent in nftables transactions",
+            m.transaction_messages.clone(),
+        );
+        registry.register(
+            "nftproxy_sync_kernel_duration_seconds",
+            "Time the kernel took to process a transaction",
+            m.kernel_duration.clone(),
+        );
+        registry.register(
+            "nftproxy_drift_repairs",
+            "Operations that repaired rules changed outside nftproxy",
+            m.drift_repairs.clone(),
+        );
+        registry.register(
+            "nftproxy_rejected_objects",
+            "Objects (or fields) that could not be programmed, by kind",
+            m.rejected_objects.clone(),
+        );
         registry.register("nftproxy_syncs", "Syncs, by reason and result", m.syncs.clone());
         Arc::new(Metrics { registry, ..m })
     }
@@ -127,8 +187,12 @@ impl Metrics {
                 self.drift_repairs.inc_by(s.report.drift_repairs as u64);
                 self.last_sync_timestamp.set(now_seconds());
                 let stats = s.plan.stats;
-                self.no_local_endpoints.get_or_create(&vec![label("traffic_policy", "internal")]).set(stats.no_local_internal as i64);
-                self.no_local_endpoints.get_or_create(&vec![label("traffic_policy", "external")]).set(stats.no_local_external as i64);
+                self.no_local_endpoints
+                    .get_or_create(&vec![label("traffic_policy", "internal")])
+                    .set(stats.no_local_internal as i64);
+                self.no_local_endpoints
+                    .get_or_create(&vec![label("traffic_policy", "external")])
+                    .set(stats.no_local_external as i64);
                 self.syncs.get_or_create(&vec![label("reason", reason), label("result", "success")]).inc();
             }
             Err(_) => {

@@ -70,7 +70,9 @@ pub fn resolve(setting: &NodePortAddresses, node: Option<&NodeInfo>) -> NodePort
         match setting {
             NodePortAddresses::Primary => {
                 let from_node: Vec<IpAddr> = node
-                    .map(|n| n.internal_ips.iter().copied().filter(|ip| IpFamily::of(ip) == family && usable(ip)).collect())
+                    .map(|n| {
+                        n.internal_ips.iter().copied().filter(|ip| IpFamily::of(ip) == family && usable(ip)).collect()
+                    })
                     .unwrap_or_default();
                 if !from_node.is_empty() {
                     return NodePorts::Addresses(from_node);

@@ -143,8 +143,10 @@ pub fn run(settings: RunSettings) -> Result<(), RunError> {
     let metrics = Metrics::new();
     let limits = Limits::default();
     let serve = |what, addr: Option<SocketAddr>, handler| -> Result<_, RunError> {
-        addr.map(|addr| health::start(rt.handle(), addr, handler, limits).map_err(|source| RunError::Serve { what, addr, source }))
-            .transpose()
+        addr.map(|addr| {
+            health::start(rt.handle(), addr, handler, limits).map_err(|source| RunError::Serve { what, addr, source })
+        })
+        .transpose()
     };
     let _healthz = serve("health", settings.healthz, health::proxier_handler(Arc::clone(&health)))?;
     let _metrics = serve("metrics", settings.metrics, crate::metrics::handler(Arc::clone(&metrics)))?;

@@ -209,12 +209,13 @@ fn percent_decode(s: &str) -> String {
     let mut out = Vec::with_capacity(b.len());
     let mut i = 0;
     while i < b.len() {
-        if b[i] == b'%' && i + 2 < b.len() {
-            if let Ok(v) = u8::from_str_radix(&s[i + 1..i + 3], 16) {
-                out.push(v);
-                i += 3;
-                continue;
-            }
+        if b[i] == b'%'
+            && i + 2 < b.len()
+            && let Ok(v) = u8::from_str_radix(&s[i + 1..i + 3], 16)
+        {
+            out.push(v);
+            i += 3;
+            continue;
         }
         out.push(if b[i] == b'+' { b' ' } else { b[i] });
         i += 1;
@@ -225,19 +226,18 @@ fn percent_decode(s: &str) -> String {
 fn selected(obj: &Value, q: &HashMap<String, String>) -> bool {
     if let Some(sel) = q.get("labelSelector") {
         for req in sel.split(',').filter(|r| !r.is_empty()) {
-            if let Some(label) = req.strip_prefix('!') {
-                if !obj["metadata"]["labels"][label].is_null() {
-                    return false;
-                }
-            }
-        }
-    }
-    if let Some(sel) = q.get("fieldSelector") {
-        if let Some(name) = sel.strip_prefix("metadata.name=") {
-            if obj["metadata"]["name"].as_str() != Some(name) {
+            if let Some(label) = req.strip_prefix('!')
+                && !obj["metadata"]["labels"][label].is_null()
+            {
                 return false;
             }
         }
+    }
+    if let Some(sel) = q.get("fieldSelector")
+        && let Some(name) = sel.strip_prefix("metadata.name=")
+        && obj["metadata"]["name"].as_str() != Some(name)
+    {
+        return false;
     }
     true
 }
@@ -267,7 +267,12 @@ async fn serve(
     }
 }
 
-async fn handle(req: Request<Incoming>, store: Arc<Mutex<Store>>, changed: broadcast::Sender<()>, disconnect: watch::Sender<u64>) -> Response<Body> {
+async fn handle(
+    req: Request<Incoming>,
+    store: Arc<Mutex<Store>>,
+    changed: broadcast::Sender<()>,
+    disconnect: watch::Sender<u64>,
+) -> Response<Body> {
     let path = req.uri().path().to_string();
     if req.method() == Method::POST && path.ends_with("/events") {
         let body = req.into_body().collect().await.map(|b| b.to_bytes()).unwrap_or_default();
@@ -283,15 +288,24 @@ async fn handle(req: Request<Incoming>, store: Arc<Mutex<Store>>, changed: broad
         SERVICES => SERVICES,
         SLICES => SLICES,
         NODES => NODES,
-        _ => return full(StatusCode::NOT_FOUND, json!({"kind": "Status", "apiVersion": "v1", "status": "Failure", "code": 404, "reason": "NotFound"})),
+        _ => {
+            return full(
+                StatusCode::NOT_FOUND,
+                json!({"kind": "Status", "apiVersion": "v1", "status": "Failure", "code": 404, "reason": "NotFound"}),
+            );
+        }
     };
     let q = query(&req);
     if q.get("watch").map(String::as_str) != Some("true") {
         let mut s = store.lock().unwrap();
         s.list_requests += 1;
         let (kind, api_version) = list_kind(res);
-        let items: Vec<Value> = s.objects.get(res).map(|m| m.values().filter(|o| selected(o, &q)).cloned().collect()).unwrap_or_default();
-        return full(StatusCode::OK, json!({"kind": kind, "apiVersion": api_version, "metadata": {"resourceVersion": s.rv.to_string()}, "items": items}));
+        let items: Vec<Value> =
+            s.objects.get(res).map(|m| m.values().filter(|o| selected(o, &q)).cloned().collect()).unwrap_or_default();
+        return full(
+            StatusCode::OK,
+            json!({"kind": kind, "apiVersion": api_version, "metadata": {"resourceVersion": s.rv.to_string()}, "items": items}),
+        );
     }
 
     // A watch: replay what happened after the requested version, then follow.
@@ -320,8 +334,11 @@ async fn handle(req: Request<Incoming>, store: Arc<Mutex<Store>>, changed: broad
             loop {
                 let (events, rv) = {
                     let s = store.lock().unwrap();
-                    let events: Vec<(u64, &'static str, Value)> =
-                        s.log.get(res).map(|l| l.iter().filter(|(rv, _, o)| *rv > sent && selected(o, &q2)).cloned().collect()).unwrap_or_default();
+                    let events: Vec<(u64, &'static str, Value)> = s
+                        .log
+                        .get(res)
+                        .map(|l| l.iter().filter(|(rv, _, o)| *rv > sent && selected(o, &q2)).cloned().collect())
+                        .unwrap_or_default();
                     (events, s.rv)
                 };
                 for (rv, ty, obj) in events {
@@ -344,7 +361,9 @@ async fn handle(req: Request<Incoming>, store: Arc<Mutex<Store>>, changed: broad
             }
         });
     }
-    let stream = futures::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|b| (Ok::<_, Infallible>(Frame::data(b)), rx)) });
+    let stream = futures::stream::unfold(rx, |mut rx| async move {
+        rx.recv().await.map(|b| (Ok::<_, Infallible>(Frame::data(b)), rx))
+    });
     Response::builder()
         .status(StatusCode::OK)
         .header("Content-Type", "application/json")

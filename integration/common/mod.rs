@@ -94,7 +94,8 @@ impl ClusterLab {
 
     /// `nft list ruleset` in node1.
     pub fn listing(&self) -> String {
-        String::from_utf8_lossy(&self.lab.node("node1").ns.exec("nft", &["list", "ruleset"]).unwrap().stdout).into_owned()
+        String::from_utf8_lossy(&self.lab.node("node1").ns.exec("nft", &["list", "ruleset"]).unwrap().stdout)
+            .into_owned()
     }
 
     fn ns(&self, who: &str) -> &nftproxy::lab::Netns {
@@ -222,7 +223,9 @@ pub fn services_yaml(services: &[Svc<'_>]) -> String {
             out.push_str(&format!("  healthCheckNodePort: {p}\n"));
         }
         if let Some(t) = s.affinity_secs {
-            out.push_str(&format!("  sessionAffinity: ClientIP\n  sessionAffinityConfig: {{clientIP: {{timeoutSeconds: {t}}}}}\n"));
+            out.push_str(&format!(
+                "  sessionAffinity: ClientIP\n  sessionAffinityConfig: {{clientIP: {{timeoutSeconds: {t}}}}}\n"
+            ));
         }
         out.push_str(&format!(
             "  ports:\n  - {{name: http, port: 80, protocol: TCP, targetPort: 8080{}}}\n  - {{name: dns, port: 53, protocol: UDP, targetPort: 8080{}}}\n",
@@ -241,11 +244,13 @@ pub fn services_yaml(services: &[Svc<'_>]) -> String {
             out.push_str("  []\n");
         }
         for (i, (ip, node, ready)) in s.endpoints.iter().enumerate() {
-            out.push_str(&format!("  - addresses: [\"{ip}\"]\n    nodeName: {node}\n    conditions: {{ready: {ready}}}\n"));
-            if let Some(extra) = s.endpoint_extra.get(i) {
-                if !extra.is_empty() {
-                    out.push_str(&format!("    {extra}\n"));
-                }
+            out.push_str(&format!(
+                "  - addresses: [\"{ip}\"]\n    nodeName: {node}\n    conditions: {{ready: {ready}}}\n"
+            ));
+            if let Some(extra) = s.endpoint_extra.get(i)
+                && !extra.is_empty()
+            {
+                out.push_str(&format!("    {extra}\n"));
             }
         }
         out.push_str("---\n");
@@ -304,10 +309,10 @@ impl ClusterLab {
         let proxy = RunningProxy { child };
         let deadline = std::time::Instant::now() + Duration::from_secs(15);
         loop {
-            if let Ok((200, _)) = self.http_get("node1", "127.0.0.1:10256", "/healthz") {
-                if self.listing().contains("table ip nftproxy") {
-                    break;
-                }
+            if let Ok((200, _)) = self.http_get("node1", "127.0.0.1:10256", "/healthz")
+                && self.listing().contains("table ip nftproxy")
+            {
+                break;
             }
             assert!(std::time::Instant::now() < deadline, "nftproxy run did not become healthy:\n{}", self.proxy_log());
             std::thread::sleep(Duration::from_millis(50));

@@ -169,7 +169,11 @@ fn walk(prefix: &str, v: &Value, warnings: &mut Vec<String>) {
 }
 
 fn duration(field: &'static str, s: &str) -> Result<Duration, ConfigError> {
-    humantime::parse_duration(s.trim()).map_err(|_| ConfigError::Value { field, value: s.to_string(), expected: "a duration such as 30s or 1m0s" })
+    humantime::parse_duration(s.trim()).map_err(|_| ConfigError::Value {
+        field,
+        value: s.to_string(),
+        expected: "a duration such as 30s or 1m0s",
+    })
 }
 
 fn address(field: &'static str, s: &str) -> Result<Option<SocketAddr>, ConfigError> {
@@ -187,24 +191,28 @@ fn positive(field: &'static str, v: i64) -> Result<u32, ConfigError> {
 
 /// Parses a config file's text. Returns the settings and warnings about fields not applied.
 pub fn parse(text: &str) -> Result<(FileSettings, Vec<String>), ConfigError> {
-    let value: Value = serde_saphyr::from_str(text).map_err(|e| ConfigError::File(e.to_string().lines().next().unwrap_or("").to_string()))?;
+    let value: Value = serde_saphyr::from_str(text)
+        .map_err(|e| ConfigError::File(e.to_string().lines().next().unwrap_or("").to_string()))?;
     let mut warnings = Vec::new();
     walk("", &value, &mut warnings);
-    let raw: Raw = serde_path_to_error::deserialize(value).map_err(|e| ConfigError::File(format!("{}: {}", e.path(), e.inner())))?;
+    let raw: Raw = serde_path_to_error::deserialize(value)
+        .map_err(|e| ConfigError::File(format!("{}: {}", e.path(), e.inner())))?;
 
-    if let Some(kind) = raw.kind.as_deref() {
-        if kind != "KubeProxyConfiguration" {
-            return Err(ConfigError::Value { field: "kind", value: kind.into(), expected: "KubeProxyConfiguration" });
-        }
+    if let Some(kind) = raw.kind.as_deref()
+        && kind != "KubeProxyConfiguration"
+    {
+        return Err(ConfigError::Value { field: "kind", value: kind.into(), expected: "KubeProxyConfiguration" });
     }
-    if let Some(api) = raw.api_version.as_deref() {
-        if api != "kubeproxy.config.k8s.io/v1alpha1" {
-            warnings.push(format!("apiVersion {api:?}: expected kubeproxy.config.k8s.io/v1alpha1; reading it anyway"));
-        }
+    if let Some(api) = raw.api_version.as_deref()
+        && api != "kubeproxy.config.k8s.io/v1alpha1"
+    {
+        warnings.push(format!("apiVersion {api:?}: expected kubeproxy.config.k8s.io/v1alpha1; reading it anyway"));
     }
     match raw.mode.as_deref().map(str::trim) {
         None | Some("") | Some("nftables") => {}
-        Some(other) => return Err(ConfigError::Value { field: "mode", value: other.into(), expected: "nftables (or empty)" }),
+        Some(other) => {
+            return Err(ConfigError::Value { field: "mode", value: other.into(), expected: "nftables (or empty)" });
+        }
     }
 
     let mut s = FileSettings {
@@ -215,7 +223,11 @@ pub fn parse(text: &str) -> Result<(FileSettings, Vec<String>), ConfigError> {
         s.cluster_cidrs = Some(super::parse_cidrs("clusterCIDR", c)?);
     }
     if let Some(b) = raw.bind_address.as_deref().filter(|b| !b.trim().is_empty()) {
-        s.bind_address = Some(b.trim().parse().map_err(|_| ConfigError::Value { field: "bindAddress", value: b.into(), expected: "an IP address" })?);
+        s.bind_address = Some(b.trim().parse().map_err(|_| ConfigError::Value {
+            field: "bindAddress",
+            value: b.into(),
+            expected: "an IP address",
+        })?);
     }
     if let Some(h) = raw.healthz_bind_address.as_deref() {
         s.healthz_bind_address = Some(address("healthzBindAddress", h)?);
@@ -227,17 +239,24 @@ pub fn parse(text: &str) -> Result<(FileSettings, Vec<String>), ConfigError> {
         s.nodeport_addresses = Some(parse_nodeport_addresses(&np)?);
     }
     let detect = raw.detect_local.unwrap_or_default();
-    if let Some(cidrs) = &detect.cluster_cidrs {
-        if !cidrs.is_empty() {
-            s.cluster_cidrs = Some(super::parse_cidrs("detectLocal.clusterCIDRs", &cidrs.join(","))?);
-        }
+    if let Some(cidrs) = &detect.cluster_cidrs
+        && !cidrs.is_empty()
+    {
+        s.cluster_cidrs = Some(super::parse_cidrs("detectLocal.clusterCIDRs", &cidrs.join(","))?);
     }
     if let Some(mode) = raw.detect_local_mode.as_deref() {
-        s.detect_local = Some(parse_detect_local(mode.trim(), detect.bridge_interface.as_deref(), detect.interface_name_prefix.as_deref())?);
+        s.detect_local = Some(parse_detect_local(
+            mode.trim(),
+            detect.bridge_interface.as_deref(),
+            detect.interface_name_prefix.as_deref(),
+        )?);
     }
     if let Some(n) = raw.nftables {
         if let Some(bit) = n.masquerade_bit {
-            let bit = u32::try_from(bit).ok().filter(|b| *b <= 31).ok_or(ConfigError::MasqueradeBit(bit.clamp(0, i64::from(u32::MAX)) as u32))?;
+            let bit = u32::try_from(bit)
+                .ok()
+                .filter(|b| *b <= 31)
+                .ok_or(ConfigError::MasqueradeBit(bit.clamp(0, i64::from(u32::MAX)) as u32))?;
             s.masquerade_bit = Some(bit);
         }
         s.masquerade_all = n.masquerade_all;
@@ -252,10 +271,22 @@ pub fn parse(text: &str) -> Result<(FileSettings, Vec<String>), ConfigError> {
         s.conntrack = ConntrackSettings {
             max_per_core: c.max_per_core.map(|v| positive("conntrack.maxPerCore", v)).transpose()?,
             min: c.min.map(|v| positive("conntrack.min", v)).transpose()?,
-            tcp_established_timeout: c.tcp_established_timeout.as_deref().map(|d| duration("conntrack.tcpEstablishedTimeout", d)).transpose()?,
-            tcp_close_wait_timeout: c.tcp_close_wait_timeout.as_deref().map(|d| duration("conntrack.tcpCloseWaitTimeout", d)).transpose()?,
+            tcp_established_timeout: c
+                .tcp_established_timeout
+                .as_deref()
+                .map(|d| duration("conntrack.tcpEstablishedTimeout", d))
+                .transpose()?,
+            tcp_close_wait_timeout: c
+                .tcp_close_wait_timeout
+                .as_deref()
+                .map(|d| duration("conntrack.tcpCloseWaitTimeout", d))
+                .transpose()?,
             udp_timeout: c.udp_timeout.as_deref().map(|d| duration("conntrack.udpTimeout", d)).transpose()?,
-            udp_stream_timeout: c.udp_stream_timeout.as_deref().map(|d| duration("conntrack.udpStreamTimeout", d)).transpose()?,
+            udp_stream_timeout: c
+                .udp_stream_timeout
+                .as_deref()
+                .map(|d| duration("conntrack.udpStreamTimeout", d))
+                .transpose()?,
             tcp_be_liberal: c.tcp_be_liberal,
         };
     }
@@ -331,7 +362,8 @@ whatIsThis: 1
 
     #[test]
     fn an_empty_config_sets_nothing() {
-        let (s, warnings) = parse("apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\n").unwrap();
+        let (s, warnings) =
+            parse("apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\n").unwrap();
         assert_eq!(s, FileSettings::default());
         assert!(warnings.is_empty());
     }

@@ -128,7 +128,11 @@ impl ProxyConfig {
 /// Applies a config file under the flags: a setting comes from the command line when the flag
 /// was given there (`explicit(flag id)`), else from the file when it has it, else it keeps the
 /// flag's default already in `flags`.
-pub fn merge(mut flags: ProxyConfig, explicit: &dyn Fn(&str) -> bool, file: &file::FileSettings) -> Result<ProxyConfig, ConfigError> {
+pub fn merge(
+    mut flags: ProxyConfig,
+    explicit: &dyn Fn(&str) -> bool,
+    file: &file::FileSettings,
+) -> Result<ProxyConfig, ConfigError> {
     let from_file = |id: &str| !explicit(id);
     if let (true, Some(h)) = (from_file("hostname_override"), &file.hostname_override) {
         flags.hostname = h.clone();
@@ -224,11 +228,27 @@ mod tests {
         .unwrap();
         let mut flags = ProxyConfig::new("from-flags");
         flags.cluster_cidrs = parse_cidrs("x", "10.2.0.0/16").unwrap();
-        let cases: [(&[&str], &str, &str, u32, bool, DetectLocal); 4] = [
+        // (flags given on the command line, hostname, cluster CIDR, mark bit, masquerade-all, detect-local)
+        type Case<'a> = (&'a [&'a str], &'a str, &'a str, u32, bool, DetectLocal);
+        let cases: [Case<'_>; 4] = [
             (&[], "from-file", "10.1.0.0/16", 5, true, DetectLocal::NodeCidr),
             (&["hostname_override", "masquerade_bit"], "from-flags", "10.1.0.0/16", 14, true, DetectLocal::NodeCidr),
-            (&["cluster_cidr", "masquerade_all", "detect_local_mode"], "from-file", "10.2.0.0/16", 5, false, DetectLocal::ClusterCidr),
-            (&["hostname_override", "cluster_cidr", "masquerade_bit", "masquerade_all", "detect_local_mode"], "from-flags", "10.2.0.0/16", 14, false, DetectLocal::ClusterCidr),
+            (
+                &["cluster_cidr", "masquerade_all", "detect_local_mode"],
+                "from-file",
+                "10.2.0.0/16",
+                5,
+                false,
+                DetectLocal::ClusterCidr,
+            ),
+            (
+                &["hostname_override", "cluster_cidr", "masquerade_bit", "masquerade_all", "detect_local_mode"],
+                "from-flags",
+                "10.2.0.0/16",
+                14,
+                false,
+                DetectLocal::ClusterCidr,
+            ),
         ];
         for (explicit, host, cidr, bit, all, detect) in cases {
             let merged = merge(flags.clone(), &|id| explicit.contains(&id), &file).unwrap();
@@ -246,7 +266,8 @@ mod tests {
     fn nodeport_addresses() {
         assert_eq!(parse_nodeport_addresses(&[]).unwrap(), NodePortAddresses::Primary);
         assert_eq!(parse_nodeport_addresses(&["primary".into()]).unwrap(), NodePortAddresses::Primary);
-        let NodePortAddresses::Cidrs(c) = parse_nodeport_addresses(&["192.168.0.0/24,0.0.0.0/0".into()]).unwrap() else {
+        let NodePortAddresses::Cidrs(c) = parse_nodeport_addresses(&["192.168.0.0/24,0.0.0.0/0".into()]).unwrap()
+        else {
             panic!()
         };
         assert_eq!(c.len(), 2);

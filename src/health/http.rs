@@ -48,12 +48,22 @@ pub struct Reply {
 impl Reply {
     /// A JSON reply with upstream's headers.
     pub fn json(status: StatusCode, body: String) -> Reply {
-        Reply { status, content_type: "application/json", headers: vec![("X-Content-Type-Options", "nosniff".into())], body }
+        Reply {
+            status,
+            content_type: "application/json",
+            headers: vec![("X-Content-Type-Options", "nosniff".into())],
+            body,
+        }
     }
 
     /// A plain-text reply.
     pub fn text(status: StatusCode, body: impl Into<String>) -> Reply {
-        Reply { status, content_type: "text/plain; charset=utf-8", headers: vec![("X-Content-Type-Options", "nosniff".into())], body: body.into() }
+        Reply {
+            status,
+            content_type: "text/plain; charset=utf-8",
+            headers: vec![("X-Content-Type-Options", "nosniff".into())],
+            body: body.into(),
+        }
     }
 }
 

@@ -52,7 +52,12 @@ impl ProxyHealth {
     pub fn new(timeout: Duration) -> Arc<ProxyHealth> {
         Arc::new(ProxyHealth {
             timeout,
-            state: Mutex::new(State { last_updated: None, oldest_pending: None, node_eligible: true, services: BTreeMap::new() }),
+            state: Mutex::new(State {
+                last_updated: None,
+                oldest_pending: None,
+                node_eligible: true,
+                services: BTreeMap::new(),
+            }),
         })
     }
 
@@ -168,7 +173,8 @@ impl ServiceHealthServers {
     /// Opens servers for new checks and closes those of services that went away. Addresses are
     /// the node-port addresses (every address when NodePorts match all).
     pub fn sync(&mut self, checks: &[HealthCheck], v4: &NodePorts, v6: &NodePorts) {
-        let wanted: BTreeMap<(NamespacedName, u16), ()> = checks.iter().map(|c| ((c.service.clone(), c.port), ())).collect();
+        let wanted: BTreeMap<(NamespacedName, u16), ()> =
+            checks.iter().map(|c| ((c.service.clone(), c.port), ())).collect();
         self.running.retain(|key, stops| {
             let keep = wanted.contains_key(key);
             if !keep {
@@ -189,7 +195,9 @@ impl ServiceHealthServers {
                 let handler = service_handler(Arc::clone(&self.health), service.clone());
                 match start(&self.rt, SocketAddr::new(*ip, port), handler, self.limits) {
                     Ok(stop) => stops.push(stop),
-                    Err(e) => warn!(service = %service, port, address = %ip, error = %e, "cannot open health-check server"),
+                    Err(e) => {
+                        warn!(service = %service, port, address = %ip, error = %e, "cannot open health-check server")
+                    }
                 }
             }
             info!(service = %service, port, addresses = addresses.len(), "health-check server open");

@@ -54,10 +54,10 @@ pub fn cleanup_stale() {
             continue;
         }
         let pid = parts.nth(1).and_then(|p| p.parse::<u32>().ok());
-        if let Some(pid) = pid {
-            if !std::path::Path::new(&format!("/proc/{pid}")).exists() {
-                let _ = std::process::Command::new("ip").args(["netns", "delete", name]).output();
-            }
+        if let Some(pid) = pid
+            && !std::path::Path::new(&format!("/proc/{pid}")).exists()
+        {
+            let _ = std::process::Command::new("ip").args(["netns", "delete", name]).output();
         }
     }
 }

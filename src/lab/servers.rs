@@ -63,7 +63,9 @@ impl EchoServers {
                 match ready_rx.recv_timeout(Duration::from_secs(5)) {
                     Ok(Ok(())) => {}
                     Ok(Err(e)) => return Err(LabError::Spawn(format!("echo server in {}", ns.name()), e)),
-                    Err(_) => return Err(LabError::Spawn(format!("echo server in {}", ns.name()), "did not start".into())),
+                    Err(_) => {
+                        return Err(LabError::Spawn(format!("echo server in {}", ns.name()), "did not start".into()));
+                    }
                 }
             }
         }
@@ -75,11 +77,8 @@ fn serve(name: &str, spec: ServerSpec, stop: &AtomicBool, ready: mpsc::Sender<Re
     let any = SocketAddr::new(Ipv6Addr::UNSPECIFIED.into(), spec.port);
     match spec.protocol {
         L4Proto::Tcp | L4Proto::Sctp => {
-            let bound = if spec.protocol == L4Proto::Tcp {
-                TcpListener::bind(any)
-            } else {
-                super::traffic::sctp_listener(any)
-            };
+            let bound =
+                if spec.protocol == L4Proto::Tcp { TcpListener::bind(any) } else { super::traffic::sctp_listener(any) };
             let listener = match bound.and_then(|l| l.set_nonblocking(true).map(|_| l)) {
                 Ok(l) => l,
                 Err(e) => {
@@ -98,7 +97,9 @@ fn serve(name: &str, spec: ServerSpec, stop: &AtomicBool, ready: mpsc::Sender<Re
             }
         }
         L4Proto::Udp => {
-            let socket = match UdpSocket::bind(any).and_then(|s| s.set_read_timeout(Some(Duration::from_millis(50))).map(|_| s)) {
+            let socket = match UdpSocket::bind(any)
+                .and_then(|s| s.set_read_timeout(Some(Duration::from_millis(50))).map(|_| s))
+            {
                 Ok(s) => s,
                 Err(e) => {
                     let _ = ready.send(Err(e.to_string()));

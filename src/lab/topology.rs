@@ -16,9 +16,9 @@
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
+use super::LabError;
 use super::netns::Netns;
 use super::servers::{EchoServers, ServerSpec};
-use super::LabError;
 
 /// The service range the wan router sends to node 1 (so external clients can reach ClusterIPs).
 pub const SERVICE_CIDR_V4: &str = "10.96.0.0/16";
@@ -106,9 +106,11 @@ impl Lab {
         let index = u8::try_from(self.nodes.len() + 1).map_err(|_| LabError::NotPrivileged("too many nodes".into()))?;
         let ns = Netns::create(&format!("n{index}"))?;
         let ip = Ipv4Addr::new(192, 168, 50, 1 + index);
-        let ip6: Ipv6Addr = format!("fd00:50::{}", 1 + index).parse().map_err(|_| LabError::NotPrivileged("address".into()))?;
+        let ip6: Ipv6Addr =
+            format!("fd00:50::{}", 1 + index).parse().map_err(|_| LabError::NotPrivileged("address".into()))?;
         let gateway = Ipv4Addr::new(10, 244, index, 1);
-        let gateway6: Ipv6Addr = format!("fd00:10:244:{index}::1").parse().map_err(|_| LabError::NotPrivileged("address".into()))?;
+        let gateway6: Ipv6Addr =
+            format!("fd00:10:244:{index}::1").parse().map_err(|_| LabError::NotPrivileged("address".into()))?;
         // A node never sends ICMP redirects: the lab routes service traffic back out the
         // interface it came in on, and a redirect would also use up the ICMP rate token the
         // port-unreachable of a rejected connection needs. Defaults first, so every
@@ -141,7 +143,14 @@ impl Lab {
         }
         for other in &self.nodes {
             ns.ip(&["route", "add", &format!("10.244.{}.0/24", other.index), "via", &other.ip.to_string()])?;
-            ns.ip(&["-6", "route", "add", &format!("fd00:10:244:{}::/64", other.index), "via", &other.ip6.to_string()])?;
+            ns.ip(&[
+                "-6",
+                "route",
+                "add",
+                &format!("fd00:10:244:{}::/64", other.index),
+                "via",
+                &other.ip6.to_string(),
+            ])?;
             other.ns.ip(&["route", "add", &format!("10.244.{index}.0/24"), "via", &ip.to_string()])?;
             other.ns.ip(&["-6", "route", "add", &format!("fd00:10:244:{index}::/64"), "via", &ip6.to_string()])?;
         }
@@ -159,7 +168,9 @@ impl Lab {
         let host = 10 + n.pods;
         n.pods += 1;
         let ip = Ipv4Addr::new(10, 244, n.index, host);
-        let ip6: Ipv6Addr = format!("fd00:10:244:{}::{:x}", n.index, host).parse().map_err(|_| LabError::NotPrivileged("address".into()))?;
+        let ip6: Ipv6Addr = format!("fd00:10:244:{}::{:x}", n.index, host)
+            .parse()
+            .map_err(|_| LabError::NotPrivileged("address".into()))?;
         let ns = Netns::create(&format!("p{}", self.pods.len() + 1))?;
         let veth = format!("vp{}", self.pods.len() + 1);
         n.ns.ip(&["link", "add", &veth, "type", "veth", "peer", "name", "eth0", "netns", ns.name()])?;
@@ -185,7 +196,9 @@ impl Lab {
     pub fn add_client(&mut self, name: &str) -> Result<&LabClient, LabError> {
         let index = u8::try_from(self.clients.len()).map_err(|_| LabError::NotPrivileged("too many clients".into()))?;
         let ip = Ipv4Addr::new(192, 168, 50, 100 + index);
-        let ip6: Ipv6Addr = format!("fd00:50::{:x}", 0x100 + u16::from(index)).parse().map_err(|_| LabError::NotPrivileged("address".into()))?;
+        let ip6: Ipv6Addr = format!("fd00:50::{:x}", 0x100 + u16::from(index))
+            .parse()
+            .map_err(|_| LabError::NotPrivileged("address".into()))?;
         let ns = Netns::create(&format!("c{}", index + 1))?;
         let wan_if = format!("wan-c{}", index + 1);
         self.wan.ip(&["link", "add", &wan_if, "type", "veth", "peer", "name", "eth0", "netns", ns.name()])?;

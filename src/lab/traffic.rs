@@ -115,7 +115,9 @@ pub fn sctp_supported() -> bool {
 
 /// An SCTP one-to-one listening socket on `addr`, usable through std's listener API.
 pub fn sctp_listener(addr: SocketAddr) -> io::Result<std::net::TcpListener> {
-    use nix::sys::socket::{AddressFamily, Backlog, SockFlag, SockProtocol, SockType, SockaddrStorage, bind, listen, socket};
+    use nix::sys::socket::{
+        AddressFamily, Backlog, SockFlag, SockProtocol, SockType, SockaddrStorage, bind, listen, socket,
+    };
     let family = if addr.is_ipv4() { AddressFamily::Inet } else { AddressFamily::Inet6 };
     let fd = socket(family, SockType::Stream, SockFlag::empty(), SockProtocol::Sctp).map_err(io::Error::from)?;
     bind(std::os::fd::AsRawFd::as_raw_fd(&fd), &SockaddrStorage::from(addr)).map_err(io::Error::from)?;
@@ -125,7 +127,9 @@ pub fn sctp_listener(addr: SocketAddr) -> io::Result<std::net::TcpListener> {
 
 /// Opens an SCTP association to `target` and reads the answer.
 pub fn sctp_ask(target: SocketAddr, timeout: Duration) -> io::Result<Answer> {
-    use nix::sys::socket::{AddressFamily, SockFlag, SockProtocol, SockType, SockaddrStorage, connect, setsockopt, socket, sockopt};
+    use nix::sys::socket::{
+        AddressFamily, SockFlag, SockProtocol, SockType, SockaddrStorage, connect, setsockopt, socket, sockopt,
+    };
     let family = if target.is_ipv4() { AddressFamily::Inet } else { AddressFamily::Inet6 };
     let fd = socket(family, SockType::Stream, SockFlag::empty(), SockProtocol::Sctp).map_err(io::Error::from)?;
     let tv = nix::sys::time::TimeVal::new(timeout.as_secs() as i64, timeout.subsec_micros() as i64);

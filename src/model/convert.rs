@@ -107,7 +107,10 @@ pub fn service(svc: &core::Service) -> Converted<ServiceInfo> {
         problems: Vec::new(),
     };
     if !valid_label(&namespace) || !valid_label(&name) {
-        return c.skip("metadata", "namespace and name must be DNS-1123 labels (lower-case letters, digits, '-', at most 63)");
+        return c.skip(
+            "metadata",
+            "namespace and name must be DNS-1123 labels (lower-case letters, digits, '-', at most 63)",
+        );
     }
     if has_label(&meta.labels, LABEL_SERVICE_PROXY_NAME) {
         return c.done(None);
@@ -231,7 +234,10 @@ pub fn service(svc: &core::Service) -> Converted<ServiceInfo> {
         let protocol = match p.protocol.as_deref().map_or(Some(L4Proto::Tcp), L4Proto::from_k8s) {
             Some(proto) => proto,
             None => {
-                c.field(format!("{field}.protocol"), format!("unknown protocol {:?}", p.protocol.as_deref().unwrap_or("")));
+                c.field(
+                    format!("{field}.protocol"),
+                    format!("unknown protocol {:?}", p.protocol.as_deref().unwrap_or("")),
+                );
                 continue;
             }
         };
@@ -306,7 +312,10 @@ pub fn endpoint_slice(slice: &discovery::EndpointSlice) -> Converted<EndpointSli
         let protocol = match p.protocol.as_deref().map_or(Some(L4Proto::Tcp), L4Proto::from_k8s) {
             Some(proto) => proto,
             None => {
-                c.field(format!("{field}.protocol"), format!("unknown protocol {:?}", p.protocol.as_deref().unwrap_or("")));
+                c.field(
+                    format!("{field}.protocol"),
+                    format!("unknown protocol {:?}", p.protocol.as_deref().unwrap_or("")),
+                );
                 continue;
             }
         };
@@ -370,7 +379,8 @@ pub fn endpoint_slice(slice: &discovery::EndpointSlice) -> Converted<EndpointSli
 /// Converts a Node.
 pub fn node(node: &core::Node) -> Converted<NodeInfo> {
     let name = node.metadata.name.clone().unwrap_or_default();
-    let mut c = Checker { object: ObjectRef { kind: "Node", namespace: None, name: name.clone() }, problems: Vec::new() };
+    let mut c =
+        Checker { object: ObjectRef { kind: "Node", namespace: None, name: name.clone() }, problems: Vec::new() };
     if !valid_subdomain(&name) {
         return c.skip("metadata.name", "must be a DNS-1123 subdomain");
     }
@@ -419,8 +429,7 @@ mod tests {
 
     #[test]
     fn bad_ports_are_skipped_alone() {
-        let s = svc(
-            r#"
+        let s = svc(r#"
 metadata: {name: web, namespace: ns}
 spec:
   clusterIP: 10.96.0.10
@@ -431,8 +440,7 @@ spec:
   - {name: weird, port: 81, protocol: ICMP}
   - {name: http, port: 82}
   - {name: dns, port: 53, protocol: UDP}
-"#,
-        );
+"#);
         let c = service(&s);
         let info = c.value.unwrap();
         let names: Vec<String> = info.ports.iter().map(|p| format!("{}/{}", p.name, p.port)).collect();
@@ -443,7 +451,9 @@ spec:
 
     #[test]
     fn invalid_cluster_ip_skips_the_service() {
-        let c = service(&svc("metadata: {name: web, namespace: ns}\nspec: {clusterIP: 10.96.0.300, ports: [{port: 80}]}\n"));
+        let c = service(&svc(
+            "metadata: {name: web, namespace: ns}\nspec: {clusterIP: 10.96.0.300, ports: [{port: 80}]}\n",
+        ));
         assert!(c.value.is_none());
         assert!(c.problems.iter().any(|p| p.object_skipped));
     }
@@ -464,11 +474,15 @@ spec:
     fn non_ascii_and_overlong_names_are_rejected() {
         let long = "a".repeat(64);
         for name in ["wéb", long.as_str(), "Web", "-web"] {
-            let c = service(&svc(&format!("metadata: {{name: \"{name}\", namespace: ns}}\nspec: {{clusterIP: 10.96.0.1, ports: [{{port: 80}}]}}\n")));
+            let c = service(&svc(&format!(
+                "metadata: {{name: \"{name}\", namespace: ns}}\nspec: {{clusterIP: 10.96.0.1, ports: [{{port: 80}}]}}\n"
+            )));
             assert!(c.value.is_none() && c.problems[0].object_skipped, "{name}");
         }
         let ok = "a".repeat(63);
-        let c = service(&svc(&format!("metadata: {{name: {ok}, namespace: ns}}\nspec: {{clusterIP: 10.96.0.1, ports: [{{port: 80}}]}}\n")));
+        let c = service(&svc(&format!(
+            "metadata: {{name: {ok}, namespace: ns}}\nspec: {{clusterIP: 10.96.0.1, ports: [{{port: 80}}]}}\n"
+        )));
         assert!(c.value.is_some());
     }
 

@@ -46,11 +46,7 @@ pub struct ServicePortName {
 
 impl fmt::Display for ServicePortName {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        if self.port.is_empty() {
-            write!(f, "{}", self.service)
-        } else {
-            write!(f, "{}:{}", self.service, self.port)
-        }
+        if self.port.is_empty() { write!(f, "{}", self.service) } else { write!(f, "{}:{}", self.service, self.port) }
     }
 }
 

@@ -72,7 +72,7 @@ impl Message {
         self.buf.extend_from_slice(&len.to_ne_bytes());
         self.buf.extend_from_slice(&kind.to_ne_bytes());
         self.buf.extend_from_slice(value);
-        while self.buf.len() % 4 != 0 {
+        while !self.buf.len().is_multiple_of(4) {
             self.buf.push(0);
         }
     }
@@ -174,7 +174,10 @@ fn parse_tuple(b: &[u8]) -> Option<(u8, Tuple)> {
             _ => {}
         }
     }
-    Some((proto?, Tuple { src: SocketAddr::new(src?, sport.unwrap_or(0)), dst: SocketAddr::new(dst?, dport.unwrap_or(0)) }))
+    Some((
+        proto?,
+        Tuple { src: SocketAddr::new(src?, sport.unwrap_or(0)), dst: SocketAddr::new(dst?, dport.unwrap_or(0)) },
+    ))
 }
 
 /// Parses one IPCTNL_MSG_CT_NEW message of a dump.
@@ -215,10 +218,10 @@ impl Conntrack {
         let req = Message::new(IPCTNL_MSG_CT_GET, NLM_F_REQUEST | NLM_F_DUMP, seq, family).finish();
         let mut out = Vec::new();
         self.socket.dump(&req, seq, |msg| {
-            if let Some(f) = parse_flow(msg) {
-                if protocols.contains(&f.protocol) {
-                    out.push(f);
-                }
+            if let Some(f) = parse_flow(msg)
+                && protocols.contains(&f.protocol)
+            {
+                out.push(f);
             }
             Ok(())
         })?;

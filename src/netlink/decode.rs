@@ -26,13 +26,7 @@ fn a(attr: u32) -> u16 {
 }
 
 /// Builds a request message (GET…) for `obj` in an aligned buffer.
-fn request(
-    kind: u16,
-    family: u16,
-    flags: u16,
-    seq: u32,
-    write: impl FnOnce(*mut libc::nlmsghdr),
-) -> Vec<u8> {
+fn request(kind: u16, family: u16, flags: u16, seq: u32, write: impl FnOnce(*mut libc::nlmsghdr)) -> Vec<u8> {
     let mut buf = vec![0u32; 2048];
     #[allow(unsafe_code)]
     // SAFETY: 8 KiB is more than any GET request with a table and object name needs.
@@ -62,10 +56,8 @@ pub fn read_table(sock: &mut Socket, family: IpFamily, name: &str) -> Result<Opt
         let nlh: *const libc::nlmsghdr = msg.as_ptr().cast();
         let mut got = raw::Table::new()?;
         if raw::parse_table(nlh, &mut got) && got.get_str(a(sys::NFTNL_TABLE_NAME)).as_deref() == Some(name) {
-            table = Some((
-                got.get_u32(a(sys::NFTNL_TABLE_FLAGS)).unwrap_or(0),
-                got.get_data(a(sys::NFTNL_TABLE_USERDATA)),
-            ));
+            table =
+                Some((got.get_u32(a(sys::NFTNL_TABLE_FLAGS)).unwrap_or(0), got.get_data(a(sys::NFTNL_TABLE_USERDATA))));
         }
         Ok(())
     }) {
@@ -75,14 +67,8 @@ pub fn read_table(sock: &mut Socket, family: IpFamily, name: &str) -> Result<Opt
     }
     let Some((flags, userdata)) = table else { return Ok(None) };
 
-    let mut wire = WireTable {
-        family,
-        name: name.to_string(),
-        flags,
-        userdata,
-        sets: IndexMap::new(),
-        chains: IndexMap::new(),
-    };
+    let mut wire =
+        WireTable { family, name: name.to_string(), flags, userdata, sets: IndexMap::new(), chains: IndexMap::new() };
     read_chains(sock, fam, &mut wire)?;
     read_rules(sock, fam, &mut wire)?;
     read_sets(sock, fam, &mut wire)?;

@@ -349,8 +349,7 @@ fn encode_expr(expr: &LowExpr, set_id: impl Fn(&str) -> Option<u32>) -> Result<r
         }
         LowExpr::Verdict { code, chain } => {
             let mut e = raw::Expr::new("immediate")?;
-            e.u32(a(sys::NFTNL_EXPR_IMM_DREG), consts::REG_VERDICT)
-                .u32(a(sys::NFTNL_EXPR_IMM_VERDICT), *code as u32);
+            e.u32(a(sys::NFTNL_EXPR_IMM_DREG), consts::REG_VERDICT).u32(a(sys::NFTNL_EXPR_IMM_VERDICT), *code as u32);
             if let Some(c) = chain {
                 e.str(a(sys::NFTNL_EXPR_IMM_CHAIN), c)?;
             }

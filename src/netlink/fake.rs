@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 
 use indexmap::IndexMap;
 
-use super::{ApplyStats, MessageFailure, NetlinkError, Netfilter};
+use super::{ApplyStats, MessageFailure, Netfilter, NetlinkError};
 use crate::net::IpFamily;
 use crate::nft::diff::{OpKind, Transaction};
 use crate::nft::wire::*;
@@ -45,10 +45,10 @@ impl Netfilter for FakeNetfilter {
     fn apply(&mut self, tx: &Transaction) -> Result<ApplyStats, NetlinkError> {
         let mut state = self.state.clone();
         for (i, op) in tx.ops.iter().enumerate() {
-            if let Some(pattern) = &self.fail_on {
-                if op.to_string().contains(pattern.as_str()) {
-                    return Err(err(i, tx, libc::EINVAL));
-                }
+            if let Some(pattern) = &self.fail_on
+                && op.to_string().contains(pattern.as_str())
+            {
+                return Err(err(i, tx, libc::EINVAL));
             }
             apply_op(&mut state, op).map_err(|errno| err(i, tx, errno))?;
         }
@@ -74,11 +74,7 @@ impl Netfilter for FakeNetfilter {
 }
 
 fn table_mut<'a>(state: &'a mut WireRuleset, op: &crate::nft::diff::Op) -> Result<&'a mut WireTable, i32> {
-    state
-        .tables
-        .iter_mut()
-        .find(|t| t.family == op.family && t.name == op.table)
-        .ok_or(libc::ENOENT)
+    state.tables.iter_mut().find(|t| t.family == op.family && t.name == op.table).ok_or(libc::ENOENT)
 }
 
 /// Names referenced by a table's rules and map elements.
@@ -214,10 +210,10 @@ fn apply_op(state: &mut WireRuleset, op: &crate::nft::diff::Op) -> Result<(), i3
         OpKind::AddElements { set, elements } => {
             let t = table_mut(state, op)?;
             for (_, e) in elements {
-                if let WireData::Verdict { chain: Some(c), .. } = &e.data {
-                    if !t.chains.contains_key(c) {
-                        return Err(libc::ENOENT);
-                    }
+                if let WireData::Verdict { chain: Some(c), .. } = &e.data
+                    && !t.chains.contains_key(c)
+                {
+                    return Err(libc::ENOENT);
                 }
             }
             let s = t.sets.get_mut(set).ok_or(libc::ENOENT)?;

@@ -167,12 +167,7 @@ impl Netfilter for Kernel {
 }
 
 /// Maps an error reply to the operation and owners it belongs to.
-fn failure(
-    tx: &Transaction,
-    encoded: &encode::EncodedBatch,
-    pages: &[&[u8]],
-    reply: &socket::Reply,
-) -> MessageFailure {
+fn failure(tx: &Transaction, encoded: &encode::EncodedBatch, pages: &[&[u8]], reply: &socket::Reply) -> MessageFailure {
     let info = encoded.messages.iter().find(|m| m.seq == reply.seq);
     let errno = -reply.error;
     let Some(info) = info else {
@@ -195,10 +190,10 @@ fn failure(
                 .flat_map(|p| socket::split_messages(p))
                 .find(|(seq, _)| *seq == reply.seq)
                 .map(|(_, bytes)| bytes);
-            if let Some(idx) = message.and_then(|m| socket::element_index_at(m, offset)) {
-                if let Some(owner) = info.element_owners.get(idx) {
-                    owners = vec![owner.clone()];
-                }
+            if let Some(idx) = message.and_then(|m| socket::element_index_at(m, offset))
+                && let Some(owner) = info.element_owners.get(idx)
+            {
+                owners = vec![owner.clone()];
             }
         }
     }

@@ -96,10 +96,8 @@ impl Socket {
         if pages.len() > 1024 {
             return Err(NetlinkError::BatchTooLarge { pages: pages.len() });
         }
-        let mut iov: Vec<libc::iovec> = pages
-            .iter()
-            .map(|p| libc::iovec { iov_base: p.as_ptr() as *mut libc::c_void, iov_len: p.len() })
-            .collect();
+        let mut iov: Vec<libc::iovec> =
+            pages.iter().map(|p| libc::iovec { iov_base: p.as_ptr() as *mut libc::c_void, iov_len: p.len() }).collect();
         #[allow(unsafe_code)]
         // SAFETY: zeroed sockaddr_nl/msghdr are valid initial values; fields are set below.
         let (mut addr, mut msg): (libc::sockaddr_nl, libc::msghdr) = unsafe { std::mem::zeroed() };
@@ -148,7 +146,9 @@ impl Socket {
     fn bytes(&self, n: usize) -> &[u8] {
         #[allow(unsafe_code)]
         // SAFETY: the first `n` bytes of the buffer were just written by recv.
-        unsafe { std::slice::from_raw_parts(self.buf.as_ptr().cast::<u8>(), n) }
+        unsafe {
+            std::slice::from_raw_parts(self.buf.as_ptr().cast::<u8>(), n)
+        }
     }
 
     /// Runs a dump request and calls `each` with every message of the answer (whole netlink
@@ -185,7 +185,6 @@ impl Socket {
             }
         }
     }
-
 }
 
 /// (length, type, flags, seq) of the netlink header at the start of `b`.
@@ -196,9 +195,7 @@ fn header(b: &[u8]) -> (usize, u16, u16, u32) {
 }
 
 fn error_code(msg: &[u8]) -> i32 {
-    msg.get(NLMSG_HDRLEN..NLMSG_HDRLEN + 4)
-        .map(|b| i32::from_ne_bytes([b[0], b[1], b[2], b[3]]))
-        .unwrap_or(0)
+    msg.get(NLMSG_HDRLEN..NLMSG_HDRLEN + 4).map(|b| i32::from_ne_bytes([b[0], b[1], b[2], b[3]])).unwrap_or(0)
 }
 
 /// Parses every `NLMSG_ERROR` reply in a buffer.

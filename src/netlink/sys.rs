@@ -201,7 +201,11 @@ impl Rule {
         let mut dyn_f: &mut dyn FnMut(&ExprRef<'_>) = &mut f;
         // SAFETY: valid rule; the callback only borrows expressions for the duration of the call.
         unsafe {
-            sys::nftnl_expr_foreach(self.as_ptr(), Some(trampoline), (&mut dyn_f as *mut &mut dyn FnMut(&ExprRef<'_>)).cast());
+            sys::nftnl_expr_foreach(
+                self.as_ptr(),
+                Some(trampoline),
+                (&mut dyn_f as *mut &mut dyn FnMut(&ExprRef<'_>)).cast(),
+            );
         }
     }
 }
@@ -268,7 +272,11 @@ impl Set {
         let mut dyn_f: &mut dyn FnMut(&SetElemRef<'_>) = &mut f;
         // SAFETY: valid set; the callback only borrows elements for the duration of the call.
         unsafe {
-            sys::nftnl_set_elem_foreach(self.as_ptr(), Some(trampoline), (&mut dyn_f as *mut &mut dyn FnMut(&SetElemRef<'_>)).cast());
+            sys::nftnl_set_elem_foreach(
+                self.as_ptr(),
+                Some(trampoline),
+                (&mut dyn_f as *mut &mut dyn FnMut(&SetElemRef<'_>)).cast(),
+            );
         }
     }
 }
@@ -347,8 +355,7 @@ impl ExprRef<'_> {
     }
     pub fn name(&self) -> String {
         // SAFETY: valid expression; NFTNL_EXPR_NAME is always set.
-        opt_str(unsafe { sys::nftnl_expr_get_str(self.ptr.as_ptr(), sys::NFTNL_EXPR_NAME as u16) })
-            .unwrap_or_default()
+        opt_str(unsafe { sys::nftnl_expr_get_str(self.ptr.as_ptr(), sys::NFTNL_EXPR_NAME as u16) }).unwrap_or_default()
     }
     pub fn u32(&self, attr: u16) -> Option<u32> {
         // SAFETY: valid expression.
@@ -448,13 +455,7 @@ impl SetElemRef<'_> {
 ///
 /// # Safety
 /// `buf` must have room for a whole message (`nftnl::nft_nlmsg_maxsize()` bytes).
-pub unsafe fn build_header(
-    buf: *mut c_void,
-    msg_type: u16,
-    family: u16,
-    flags: u16,
-    seq: u32,
-) -> *mut libc::nlmsghdr {
+pub unsafe fn build_header(buf: *mut c_void, msg_type: u16, family: u16, flags: u16, seq: u32) -> *mut libc::nlmsghdr {
     // SAFETY: guaranteed by the caller.
     unsafe { sys::nftnl_nlmsg_build_hdr(buf.cast(), msg_type, family, flags, seq) }
 }

@@ -198,13 +198,7 @@ impl Chain {
 
     /// A base chain attached to a hook.
     pub fn base(name: impl Into<String>, base: BaseHook) -> Chain {
-        Chain {
-            name: name.into(),
-            base: Some(base),
-            comment: None,
-            rules: Vec::new(),
-            owner: Owner::infrastructure(),
-        }
+        Chain { name: name.into(), base: Some(base), comment: None, rules: Vec::new(), owner: Owner::infrastructure() }
     }
 
     /// Sets the chain comment.
@@ -391,14 +385,7 @@ pub struct Set {
 impl Set {
     /// An empty set.
     pub fn new(name: impl Into<String>, shape: SetShape, owner: Owner) -> Set {
-        Set {
-            name: name.into(),
-            shape,
-            timeout_secs: None,
-            comment: None,
-            elements: BTreeMap::new(),
-            owner,
-        }
+        Set { name: name.into(), shape, timeout_secs: None, comment: None, elements: BTreeMap::new(), owner }
     }
 
     /// Sets the comment.

@@ -119,10 +119,7 @@ fn op(table: &WireTable, kind: OpKind, owner: Owner) -> Op {
 /// chain's hook or comment changed, which the kernel cannot update in place.
 fn needs_rebuild(have: &WireTable, want: &WireTable) -> bool {
     have.userdata != want.userdata
-        || want
-            .chains
-            .values()
-            .any(|c| have.chains.get(&c.name).is_some_and(|h| !h.same_spec(c)))
+        || want.chains.values().any(|c| have.chains.get(&c.name).is_some_and(|h| !h.same_spec(c)))
 }
 
 /// Everything for a table that does not exist yet.
@@ -146,31 +143,19 @@ pub fn create_table(want: &WireTable, tx: &mut Transaction) {
 fn add_chain(table: &WireTable, chain: &WireChain) -> Op {
     op(
         table,
-        OpKind::AddChain {
-            chain: chain.name.clone(),
-            hook: chain.hook.clone(),
-            userdata: chain.userdata.clone(),
-        },
+        OpKind::AddChain { chain: chain.name.clone(), hook: chain.hook.clone(), userdata: chain.userdata.clone() },
         chain.owner.clone(),
     )
 }
 
 fn add_rules(table: &WireTable, chain: &WireChain, tx: &mut Transaction) {
     for rule in &chain.rules {
-        tx.ops.push(op(
-            table,
-            OpKind::AddRule { chain: chain.name.clone(), rule: rule.clone() },
-            chain.owner.clone(),
-        ));
+        tx.ops.push(op(table, OpKind::AddRule { chain: chain.name.clone(), rule: rule.clone() }, chain.owner.clone()));
     }
 }
 
 fn add_set_with_elements(table: &WireTable, set: &WireSet, tx: &mut Transaction) {
-    tx.ops.push(op(
-        table,
-        OpKind::AddSet { set: set.name.clone(), spec: set.spec.clone() },
-        set.owner.clone(),
-    ));
+    tx.ops.push(op(table, OpKind::AddSet { set: set.name.clone(), spec: set.spec.clone() }, set.owner.clone()));
     if !set.dynamic && !set.elements.is_empty() {
         let elements = set.elements.iter().map(|(k, e)| (k.clone(), e.clone())).collect();
         tx.ops.push(op(table, OpKind::AddElements { set: set.name.clone(), elements }, set.owner.clone()));

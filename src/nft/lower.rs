@@ -275,13 +275,7 @@ fn lower_prefix_cmp(load: LowExpr, net: &IpNet, op: CmpOp, out: &mut Vec<LowExpr
     } else {
         out.push(LowExpr::Payload { base, offset, len, dreg });
         let mask = addr_bytes(&net.netmask());
-        out.push(LowExpr::Bitwise {
-            sreg: REG_1,
-            dreg: REG_1,
-            len,
-            mask,
-            xor: vec![0; network.len()],
-        });
+        out.push(LowExpr::Bitwise { sreg: REG_1, dreg: REG_1, len, mask, xor: vec![0; network.len()] });
         out.push(LowExpr::Cmp { sreg: REG_1, op: cmp_op(op), data: network });
     }
 }
@@ -362,14 +356,9 @@ pub fn set_spec(shape: SetShape, timeout_secs: Option<u32>, comment: Option<&str
             let data = concat(&[t, TYPE_INET_SERVICE]);
             (SET_MAP, TYPE_INTEGER, 4, Some(data), l + 4, hex(blob))
         }
-        SetShape::EndpointChains => (
-            SET_MAP,
-            TYPE_INTEGER,
-            4,
-            Some(DATA_VERDICT),
-            0,
-            hex(udata_prefix::NUMGEN_TO_VERDICT),
-        ),
+        SetShape::EndpointChains => {
+            (SET_MAP, TYPE_INTEGER, 4, Some(DATA_VERDICT), 0, hex(udata_prefix::NUMGEN_TO_VERDICT))
+        }
     };
     if let Some(c) = comment {
         udata::put_str(&mut ud, udata::SET_COMMENT, c);
@@ -394,9 +383,8 @@ mod udata_prefix {
     /// KEYBYTEORDER = 0, KEY_TYPEOF = concat with no typeof data.
     pub const CONCAT_KEY: [u8; 16] = [0, 4, 0, 0, 0, 0, 3, 8, 0, 4, 0x0d, 0, 0, 0, 1, 0];
     /// KEYBYTEORDER, DATABYTEORDER, KEY_TYPEOF concat, DATA_INTERVAL = 0.
-    pub const CONCAT_VERDICT_MAP: [u8; 28] = [
-        0, 4, 0, 0, 0, 0, 1, 4, 0, 0, 0, 0, 3, 8, 0, 4, 0x0d, 0, 0, 0, 1, 0, 6, 4, 0, 0, 0, 0,
-    ];
+    pub const CONCAT_VERDICT_MAP: [u8; 28] =
+        [0, 4, 0, 0, 0, 0, 1, 4, 0, 0, 0, 0, 3, 8, 0, 4, 0x0d, 0, 0, 0, 1, 0, 6, 4, 0, 0, 0, 0];
     /// `typeof numgen random mod 1 : ip daddr . th dport`
     pub const NUMGEN_TO_IP_DPORT: &str = "000401000000010400000000031a0004170000000112000401000000010401000000020400000000043400040d000000012c0014000407000000010c00040c00000001040c0000000114000407000000010c00040b000000010402000000060400000000";
     /// `typeof numgen random mod 1 : ip6 daddr . th dport`
@@ -406,10 +394,7 @@ mod udata_prefix {
 }
 
 fn hex(s: &str) -> Vec<u8> {
-    (0..s.len())
-        .step_by(2)
-        .filter_map(|i| u8::from_str_radix(s.get(i..i + 2)?, 16).ok())
-        .collect()
+    (0..s.len()).step_by(2).filter_map(|i| u8::from_str_radix(s.get(i..i + 2)?, 16).ok()).collect()
 }
 
 /// Lowers one set and its elements.
@@ -425,10 +410,7 @@ pub fn lower_set(set: &Set) -> WireSet {
         }
         _ => {
             for (key, element) in &set.elements {
-                elements.insert(
-                    WireKey { bytes: concat_bytes(key), interval_end: false },
-                    lower_element(element),
-                );
+                elements.insert(WireKey { bytes: concat_bytes(key), interval_end: false }, lower_element(element));
             }
         }
     }
@@ -451,11 +433,7 @@ pub fn lower_element(element: &Element) -> WireElement {
         }
         ElementData::Values(values) => WireData::Bytes(concat_bytes(values)),
     };
-    WireElement {
-        data,
-        userdata: element.comment.as_deref().map(udata::comment),
-        owner: element.owner.clone(),
-    }
+    WireElement { data, userdata: element.comment.as_deref().map(udata::comment), owner: element.owner.clone() }
 }
 
 /// Interval sets as nft encodes them for the kernel's rbtree: each range becomes a start element
@@ -490,10 +468,10 @@ fn interval_elements(family: IpFamily, set: &Set) -> Vec<(WireKey, WireElement)>
     };
     let infra = |owner: &Owner| WireElement { data: WireData::None, userdata: None, owner: owner.clone() };
     let mut out = Vec::new();
-    if let Some((start, _, _)) = ranges.first() {
-        if *start != 0 {
-            out.push((WireKey { bytes: to_bytes(0), interval_end: true }, infra(&set.owner)));
-        }
+    if let Some((start, _, _)) = ranges.first()
+        && *start != 0
+    {
+        out.push((WireKey { bytes: to_bytes(0), interval_end: true }, infra(&set.owner)));
     }
     for (start, end, element) in ranges {
         out.push((WireKey { bytes: to_bytes(start), interval_end: false }, lower_element(element)));
@@ -520,11 +498,8 @@ mod tests {
 
     #[test]
     fn concatenated_keys_pad_each_field() {
-        let key = encode_key(&[
-            Value::Addr("172.30.0.41".parse().unwrap()),
-            Value::Proto(L4Proto::Tcp),
-            Value::Port(80),
-        ]);
+        let key =
+            encode_key(&[Value::Addr("172.30.0.41".parse().unwrap()), Value::Proto(L4Proto::Tcp), Value::Port(80)]);
         assert_eq!(key, vec![172, 30, 0, 41, 6, 0, 0, 0, 0, 80, 0, 0]);
     }
 
@@ -594,8 +569,7 @@ mod tests {
             set.insert(vec![Value::Prefix(p.parse().unwrap())], Element::key_only(owner()));
         }
         let wire = lower_set(&set);
-        let keys: Vec<(Vec<u8>, bool)> =
-            wire.elements.keys().map(|k| (k.bytes.clone(), k.interval_end)).collect();
+        let keys: Vec<(Vec<u8>, bool)> = wire.elements.keys().map(|k| (k.bytes.clone(), k.interval_end)).collect();
         assert_eq!(
             keys,
             vec![

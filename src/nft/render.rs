@@ -286,11 +286,9 @@ impl Display for Stmt {
             Stmt::Reject(_) => f.write_str("reject"),
             Stmt::Dnat { addr: IpAddr::V4(a), port } => write!(f, "dnat to {a}:{port}"),
             Stmt::Dnat { addr: IpAddr::V6(a), port } => write!(f, "dnat to [{a}]:{port}"),
-            Stmt::DnatNumgenMap { family, modulus, map } => write!(
-                f,
-                "dnat {} to numgen random mod {modulus} map @{map}",
-                family_keyword(*family)
-            ),
+            Stmt::DnatNumgenMap { family, modulus, map } => {
+                write!(f, "dnat {} to numgen random mod {modulus} map @{map}", family_keyword(*family))
+            }
             Stmt::Verdict(v) => write!(f, "{v}"),
         }
     }
@@ -324,17 +322,10 @@ mod tests {
         let fam = IpFamily::V4;
         let rule = Rule::new(vec![
             Stmt::Lookup { key: vec![Selector::Daddr(fam)], set: "cluster-ips".into(), negate: false },
-            Stmt::Cmp {
-                sel: Selector::Saddr(fam),
-                op: CmpOp::Ne,
-                value: Value::Prefix("10.0.0.0/8".parse().unwrap()),
-            },
+            Stmt::Cmp { sel: Selector::Saddr(fam), op: CmpOp::Ne, value: Value::Prefix("10.0.0.0/8".parse().unwrap()) },
             Stmt::Verdict(Verdict::Jump("mark-for-masquerade".into())),
         ]);
-        assert_eq!(
-            rule.to_string(),
-            "ip daddr @cluster-ips ip saddr != 10.0.0.0/8 jump mark-for-masquerade"
-        );
+        assert_eq!(rule.to_string(), "ip daddr @cluster-ips ip saddr != 10.0.0.0/8 jump mark-for-masquerade");
         let dnat = Rule::new(vec![
             Stmt::Cmp { sel: Selector::L4Proto, op: CmpOp::Eq, value: Value::Proto(crate::net::L4Proto::Tcp) },
             Stmt::Dnat { addr: "fd00::1".parse().unwrap(), port: 80 },

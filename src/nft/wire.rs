@@ -130,21 +130,80 @@ pub enum PayloadBase {
 /// One kernel expression, with the attributes nftproxy sets (and the read-back compares).
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub enum LowExpr {
-    Payload { base: PayloadBase, offset: u32, len: u32, dreg: u32 },
-    Meta { key: u32, dreg: u32 },
-    MetaSet { key: u32, sreg: u32 },
-    Cmp { sreg: u32, op: u32, data: Vec<u8> },
-    Bitwise { sreg: u32, dreg: u32, len: u32, mask: Vec<u8>, xor: Vec<u8> },
-    Lookup { sreg: u32, dreg: Option<u32>, set: String, flags: u32 },
-    Verdict { code: i32, chain: Option<String> },
-    Immediate { dreg: u32, data: Vec<u8> },
-    Numgen { dreg: u32, modulus: u32, kind: u32, offset: u32 },
-    Fib { dreg: u32, result: u32, flags: u32 },
-    Ct { key: u32, dreg: u32 },
-    Dynset { op: u32, sreg_key: u32, set: String },
-    Nat { kind: u32, family: u32, reg_addr: Option<u32>, reg_proto: Option<u32>, flags: u32 },
-    Masq { flags: u32 },
-    Reject { kind: u32, code: u8 },
+    Payload {
+        base: PayloadBase,
+        offset: u32,
+        len: u32,
+        dreg: u32,
+    },
+    Meta {
+        key: u32,
+        dreg: u32,
+    },
+    MetaSet {
+        key: u32,
+        sreg: u32,
+    },
+    Cmp {
+        sreg: u32,
+        op: u32,
+        data: Vec<u8>,
+    },
+    Bitwise {
+        sreg: u32,
+        dreg: u32,
+        len: u32,
+        mask: Vec<u8>,
+        xor: Vec<u8>,
+    },
+    Lookup {
+        sreg: u32,
+        dreg: Option<u32>,
+        set: String,
+        flags: u32,
+    },
+    Verdict {
+        code: i32,
+        chain: Option<String>,
+    },
+    Immediate {
+        dreg: u32,
+        data: Vec<u8>,
+    },
+    Numgen {
+        dreg: u32,
+        modulus: u32,
+        kind: u32,
+        offset: u32,
+    },
+    Fib {
+        dreg: u32,
+        result: u32,
+        flags: u32,
+    },
+    Ct {
+        key: u32,
+        dreg: u32,
+    },
+    Dynset {
+        op: u32,
+        sreg_key: u32,
+        set: String,
+    },
+    Nat {
+        kind: u32,
+        family: u32,
+        reg_addr: Option<u32>,
+        reg_proto: Option<u32>,
+        flags: u32,
+    },
+    Masq {
+        flags: u32,
+    },
+    Reject {
+        kind: u32,
+        code: u8,
+    },
     /// An expression nftproxy never writes (found in the kernel: someone edited our table).
     Foreign(String),
 }
@@ -153,7 +212,7 @@ pub enum LowExpr {
 /// file: `reg 1`, `reg 2`, … at 16-byte boundaries, `NFT_REG32_xx` in between. Using the dump's
 /// spelling when writing makes read-back comparisons exact.
 pub fn register_for_word(word: u32) -> u32 {
-    if word % 4 == 0 { consts::REG_1 + word / 4 } else { consts::REG32_00 + word }
+    if word.is_multiple_of(4) { consts::REG_1 + word / 4 } else { consts::REG32_00 + word }
 }
 
 /// A base chain's hook, as the kernel reports it.

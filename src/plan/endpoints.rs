@@ -118,7 +118,11 @@ mod tests {
 
     fn port() -> ServicePort {
         ServicePort {
-            name: ServicePortName { service: NamespacedName::new("ns", "svc"), port: "p".into(), protocol: L4Proto::Tcp },
+            name: ServicePortName {
+                service: NamespacedName::new("ns", "svc"),
+                port: "p".into(),
+                protocol: L4Proto::Tcp,
+            },
             cluster_ips: vec!["10.96.0.1".parse().unwrap()],
             port: 80,
             node_port: None,
@@ -144,7 +148,8 @@ mod tests {
         let c = categorize(&eps, &port(), &NODE);
         assert_eq!(ips(&c.cluster), vec!["10.0.0.1"]);
         assert!(c.has_any);
-        let only_terminating = vec![ep("10.0.0.2", false, true, true, "node1"), ep("10.0.0.3", false, false, true, "node1")];
+        let only_terminating =
+            vec![ep("10.0.0.2", false, true, true, "node1"), ep("10.0.0.3", false, false, true, "node1")];
         let c = categorize(&only_terminating, &port(), &NODE);
         assert_eq!(ips(&c.cluster), vec!["10.0.0.2"], "serving && terminating only");
         let none = vec![ep("10.0.0.3", false, false, false, "node1")];

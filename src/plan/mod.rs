@@ -144,7 +144,9 @@ fn health_checks(state: &ClusterState, node_name: &str) -> Vec<HealthCheck> {
     let mut out = Vec::new();
     for service in state.services() {
         let Some(port) = service.ports.iter().find_map(|p| p.health_check_node_port) else { continue };
-        let Some(family) = service.ports.first().and_then(|p| p.cluster_ips.first()).map(IpFamily::of) else { continue };
+        let Some(family) = service.ports.first().and_then(|p| p.cluster_ips.first()).map(IpFamily::of) else {
+            continue;
+        };
         let ips: BTreeSet<IpAddr> = service
             .ports
             .iter()
@@ -245,7 +247,8 @@ fn infrastructure(family: IpFamily, input: &PlanInput<'_>) -> Table {
 
     t.add_set(Set::new(CLUSTER_IPS, SetShape::Addresses(family), infra()).with_comment("Active ClusterIPs"));
     if let NodePorts::Addresses(ips) = input.nodeports(family) {
-        let mut set = Set::new(NODEPORT_IPS, SetShape::Addresses(family), infra()).with_comment("IPs that accept NodePort traffic");
+        let mut set = Set::new(NODEPORT_IPS, SetShape::Addresses(family), infra())
+            .with_comment("IPs that accept NodePort traffic");
         for ip in ips.iter().filter(|ip| IpFamily::of(ip) == family && !ip.is_loopback()) {
             set.insert(vec![Value::Addr(*ip)], Element::key_only(infra()));
         }
@@ -253,8 +256,16 @@ fn infrastructure(family: IpFamily, input: &PlanInput<'_>) -> Table {
     }
     let maps = [
         (FIREWALL_IPS, SetShape::ServiceVerdicts(family), "destinations that are subject to LoadBalancerSourceRanges"),
-        (NO_ENDPOINT_NODEPORTS, SetShape::PortVerdicts, "vmap to drop or reject packets to service nodeports with no endpoints"),
-        (NO_ENDPOINT_SERVICES, SetShape::ServiceVerdicts(family), "vmap to drop or reject packets to services with no endpoints"),
+        (
+            NO_ENDPOINT_NODEPORTS,
+            SetShape::PortVerdicts,
+            "vmap to drop or reject packets to service nodeports with no endpoints",
+        ),
+        (
+            NO_ENDPOINT_SERVICES,
+            SetShape::ServiceVerdicts(family),
+            "vmap to drop or reject packets to services with no endpoints",
+        ),
         (SERVICE_IPS, SetShape::ServiceVerdicts(family), "ClusterIP, ExternalIP and LoadBalancer IP traffic"),
         (SERVICE_NODEPORTS, SetShape::PortVerdicts, "NodePort traffic"),
     ];
@@ -339,7 +350,8 @@ fn infrastructure(family: IpFamily, input: &PlanInput<'_>) -> Table {
     stmts.push(Stmt::Vmap { key: port_key(), map: NO_ENDPOINT_NODEPORTS.into() });
     c.push(Rule::new(stmts));
     t.add_chain(c);
-    let mut c = Chain::regular(REJECT_CHAIN, infra()).with_comment("helper for @no-endpoint-services / @no-endpoint-nodeports");
+    let mut c =
+        Chain::regular(REJECT_CHAIN, infra()).with_comment("helper for @no-endpoint-services / @no-endpoint-nodeports");
     c.push(Rule::new(vec![Stmt::Reject(family)]));
     t.add_chain(c);
 
@@ -419,8 +431,7 @@ impl ServicePortPlan<'_> {
         let has_external = cat.has_any && (!external_local || !cat.local.is_empty());
         // No endpoints anywhere: reject (fail fast). Endpoints exist, but not for this
         // policy on this node: drop, as upstream.
-        let no_endpoint_verdict =
-            if cat.has_any { Verdict::Drop } else { Verdict::Goto(REJECT_CHAIN.to_string()) };
+        let no_endpoint_verdict = if cat.has_any { Verdict::Drop } else { Verdict::Goto(REJECT_CHAIN.to_string()) };
         if !cat.has_any {
             out.stats.no_endpoints += 1;
         } else {
@@ -451,8 +462,10 @@ impl ServicePortPlan<'_> {
         }
 
         // ExternalIPs and LoadBalancer IPs
-        let external_ips: Vec<IpAddr> = sp.external_ips.iter().copied().filter(|ip| IpFamily::of(ip) == family).collect();
-        let lb_ips: Vec<IpAddr> = sp.load_balancer_ips.iter().copied().filter(|ip| IpFamily::of(ip) == family).collect();
+        let external_ips: Vec<IpAddr> =
+            sp.external_ips.iter().copied().filter(|ip| IpFamily::of(ip) == family).collect();
+        let lb_ips: Vec<IpAddr> =
+            sp.load_balancer_ips.iter().copied().filter(|ip| IpFamily::of(ip) == family).collect();
         for ip in external_ips.iter().chain(lb_ips.iter()) {
             let key = vec![Value::Addr(*ip), proto.clone(), port.clone()];
             if cat.has_any {
@@ -464,18 +477,18 @@ impl ServicePortPlan<'_> {
         }
 
         // loadBalancerSourceRanges
-        let ranges: Vec<IpNet> = sp
-            .load_balancer_source_ranges
-            .iter()
-            .copied()
-            .filter(|n| IpFamily::of_net(n) == family)
-            .collect();
+        let ranges: Vec<IpNet> =
+            sp.load_balancer_source_ranges.iter().copied().filter(|n| IpFamily::of_net(n) == family).collect();
         if !lb_ips.is_empty() && !ranges.is_empty() {
             let set_name = format!("source-ranges-{base}");
             let mut allowed = ranges.clone();
             // A node inside the allowed ranges may reach the VIP with the VIP itself as source
             // (the VIP is often a local address): allow that too, as upstream does.
-            let node_ip = self.input.state.node().and_then(|n| n.internal_ips.iter().copied().find(|ip| IpFamily::of(ip) == family));
+            let node_ip = self
+                .input
+                .state
+                .node()
+                .and_then(|n| n.internal_ips.iter().copied().find(|ip| IpFamily::of(ip) == family));
             if node_ip.is_some_and(|ip| ranges.iter().any(|r| r.contains(&ip))) {
                 allowed.extend(lb_ips.iter().map(|ip| IpNet::from(*ip)));
             }
@@ -494,7 +507,12 @@ impl ServicePortPlan<'_> {
             );
             table.add_chain(fw);
             for ip in &lb_ips {
-                add(table, FIREWALL_IPS, vec![Value::Addr(*ip), proto.clone(), port.clone()], element(Verdict::Goto(firewall_chain.clone())));
+                add(
+                    table,
+                    FIREWALL_IPS,
+                    vec![Value::Addr(*ip), proto.clone(), port.clone()],
+                    element(Verdict::Goto(firewall_chain.clone())),
+                );
             }
         }
 
@@ -512,10 +530,24 @@ impl ServicePortPlan<'_> {
         // Policy chains first, so the external chain's gotos point at existing names.
         let affinity = sp.session_affinity_secs;
         if uses_cluster_chain {
-            self.write_policy_chain(table, &cluster_chain, &format!("endpoints-{base}"), &cat.cluster, &owner, &comment);
+            self.write_policy_chain(
+                table,
+                &cluster_chain,
+                &format!("endpoints-{base}"),
+                &cat.cluster,
+                &owner,
+                &comment,
+            );
         }
         if uses_local_chain {
-            self.write_policy_chain(table, &local_chain, &format!("local-endpoints-{base}"), &cat.local, &owner, &comment);
+            self.write_policy_chain(
+                table,
+                &local_chain,
+                &format!("local-endpoints-{base}"),
+                &cat.local,
+                &owner,
+                &comment,
+            );
         }
         if uses_external_chain {
             let mut ext = Chain::regular(&external_chain, owner.clone());
@@ -547,7 +579,10 @@ impl ServicePortPlan<'_> {
                 set.timeout_secs = Some(timeout);
                 table.add_set(set);
                 let mut chain = Chain::regular(format!("endpoint-{eb}"), owner.clone());
-                chain.push(Rule::new(vec![Stmt::UpdateSet { set: format!("affinity-{eb}"), key: Selector::Saddr(family) }]));
+                chain.push(Rule::new(vec![Stmt::UpdateSet {
+                    set: format!("affinity-{eb}"),
+                    key: Selector::Saddr(family),
+                }]));
                 chain.push(Rule::new(self.dnat_to(ep)).with_comment(comment.clone()));
                 table.add_chain(chain);
             }
@@ -603,10 +638,15 @@ impl ServicePortPlan<'_> {
                 let mut map = Set::new(map_name, SetShape::EndpointChains, owner.clone());
                 for (i, ep_chain) in chains.iter().enumerate() {
                     let idx = u32::try_from(i).unwrap_or(u32::MAX);
-                    map.insert(vec![Value::Index(idx)], Element::verdict(Verdict::Goto(ep_chain.clone()), owner.clone()));
+                    map.insert(
+                        vec![Value::Index(idx)],
+                        Element::verdict(Verdict::Goto(ep_chain.clone()), owner.clone()),
+                    );
                 }
                 table.add_set(map);
-                chain.push(Rule::new(vec![Stmt::NumgenVmap { modulus: n, map: map_name.to_string() }]).with_comment(comment));
+                chain.push(
+                    Rule::new(vec![Stmt::NumgenVmap { modulus: n, map: map_name.to_string() }]).with_comment(comment),
+                );
             }
         } else if n == 1 {
             chain.push(Rule::new(self.dnat_to(&endpoints[0])).with_comment(comment));
@@ -614,7 +654,10 @@ impl ServicePortPlan<'_> {
             let mut map = Set::new(map_name, SetShape::EndpointTargets(family), owner.clone());
             for (i, ep) in endpoints.iter().enumerate() {
                 let idx = u32::try_from(i).unwrap_or(u32::MAX);
-                map.insert(vec![Value::Index(idx)], Element::values(vec![Value::Addr(ep.ip), Value::Port(ep.port)], owner.clone()));
+                map.insert(
+                    vec![Value::Index(idx)],
+                    Element::values(vec![Value::Addr(ep.ip), Value::Port(ep.port)], owner.clone()),
+                );
             }
             table.add_set(map);
             chain.push(

@@ -33,7 +33,11 @@ pub fn config() -> ProxyConfig {
 
 fn svc2_http() -> String {
     use crate::model::ServicePortName;
-    let spn = ServicePortName { service: NamespacedName::new("ns2", "svc2"), port: "http".into(), protocol: crate::net::L4Proto::Tcp };
+    let spn = ServicePortName {
+        service: NamespacedName::new("ns2", "svc2"),
+        port: "http".into(),
+        protocol: crate::net::L4Proto::Tcp,
+    };
     names::service_port_base(&spn)
 }
 
@@ -341,7 +345,10 @@ fn external_golden() {
     let text = p.ruleset.to_string();
     assert!(!text.contains("9.9.9.9"), "ipMode Proxy ingress is not captured");
     // Only Local-policy LoadBalancers get health checks; svc2 has no local endpoint.
-    assert_eq!(p.health_checks, vec![HealthCheck { service: NamespacedName::new("ns2", "svc2"), port: 30000, local_endpoints: 0 }]);
+    assert_eq!(
+        p.health_checks,
+        vec![HealthCheck { service: NamespacedName::new("ns2", "svc2"), port: 30000, local_endpoints: 0 }]
+    );
     assert_eq!(p.stats.no_local_external, 1);
 }
 
@@ -352,7 +359,9 @@ fn match_all_nodeports_use_fib_and_drop_the_address_set() {
     let s = state(EXTERNAL);
     let p = plan(&PlanInput { config: &c, state: &s, nodeports_v4: &v4, nodeports_v6: &v6 });
     let text = p.ruleset.to_string();
-    assert!(text.contains("fib daddr type local ip daddr != 127.0.0.0/8 meta l4proto . th dport vmap @service-nodeports"));
+    assert!(
+        text.contains("fib daddr type local ip daddr != 127.0.0.0/8 meta l4proto . th dport vmap @service-nodeports")
+    );
     assert!(!text.contains("nodeport-ips"));
 }
 

@@ -18,7 +18,7 @@ use tracing::{debug, info, info_span, warn};
 use crate::config::ProxyConfig;
 use crate::model::{ClusterState, NamespacedName, NodeInfo, Problem, convert};
 use crate::net::IpFamily;
-use crate::netlink::{ApplyStats, NetlinkError, Netfilter};
+use crate::netlink::{ApplyStats, Netfilter, NetlinkError};
 use crate::nft::diff::{Transaction, diff};
 use crate::nft::lower::lower_ruleset;
 use crate::nft::wire::WireRuleset;
@@ -237,7 +237,11 @@ impl Reconciler {
         self.changes.services += services.len() as u64;
         self.changes.endpoints += endpoints.len() as u64;
         self.changes.trigger_times.extend(
-            endpoints.iter().flat_map(|svc| new.slices_of(svc)).filter_map(|s| s.trigger_time.as_deref()).filter_map(parse_time),
+            endpoints
+                .iter()
+                .flat_map(|svc| new.slices_of(svc))
+                .filter_map(|s| s.trigger_time.as_deref())
+                .filter_map(parse_time),
         );
         if self.state.node() != new.node() {
             self.node_changed = true;
@@ -419,7 +423,10 @@ impl Reconciler {
                     transaction,
                 };
                 if drift_repairs > 0 {
-                    warn!(operations = drift_repairs, "repaired drift: nftproxy's tables had been changed outside nftproxy");
+                    warn!(
+                        operations = drift_repairs,
+                        "repaired drift: nftproxy's tables had been changed outside nftproxy"
+                    );
                 }
                 info!(
                     services = planned.stats.services,

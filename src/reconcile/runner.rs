@@ -22,7 +22,11 @@ pub struct Timing {
 
 impl Default for Timing {
     fn default() -> Self {
-        Timing { min_sync_period: Duration::from_secs(1), sync_period: Duration::from_secs(30), max_backoff: Duration::from_secs(30) }
+        Timing {
+            min_sync_period: Duration::from_secs(1),
+            sync_period: Duration::from_secs(30),
+            max_backoff: Duration::from_secs(30),
+        }
     }
 }
 
@@ -40,7 +44,13 @@ fn backoff(failures: u32, timing: &Timing) -> Duration {
 }
 
 /// Runs until `stop` is set or every event sender is gone.
-pub fn run(reconciler: &mut Reconciler, events: &Receiver<Event>, stop: &AtomicBool, timing: Timing, observer: &mut dyn Observer) {
+pub fn run(
+    reconciler: &mut Reconciler,
+    events: &Receiver<Event>,
+    stop: &AtomicBool,
+    timing: Timing,
+    observer: &mut dyn Observer,
+) {
     let mut last_sync: Option<Instant> = None;
     let mut last_full: Option<Instant> = None;
     let mut retry_at: Option<Instant> = None;
@@ -59,7 +69,9 @@ pub fn run(reconciler: &mut Reconciler, events: &Receiver<Event>, stop: &AtomicB
         };
         let periodic = if reconciler.ready() { last_full.map(|t| t + timing.sync_period) } else { None };
         let deadline = [due, periodic].into_iter().flatten().min();
-        let wait = deadline.map_or(Duration::from_millis(200), |d| d.saturating_duration_since(now)).min(Duration::from_millis(200));
+        let wait = deadline
+            .map_or(Duration::from_millis(200), |d| d.saturating_duration_since(now))
+            .min(Duration::from_millis(200));
 
         if !wait.is_zero() && !disconnected {
             match events.recv_timeout(wait) {
@@ -166,7 +178,11 @@ mod tests {
         tx.send(snapshot(SVC)).unwrap();
         tx.send(Event::Synced(Kind::Services)).unwrap();
         // Not ready: no EndpointSlices list yet, so the first tick must not sync.
-        let timing = Timing { min_sync_period: Duration::from_millis(300), sync_period: Duration::from_secs(60), max_backoff: Duration::from_secs(1) };
+        let timing = Timing {
+            min_sync_period: Duration::from_millis(300),
+            sync_period: Duration::from_secs(60),
+            max_backoff: Duration::from_secs(1),
+        };
         let mut rec = Record(Vec::new(), Arc::clone(&stop), 2);
         let stopper = Arc::clone(&stop);
         let sender = std::thread::spawn(move || {

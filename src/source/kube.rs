@@ -12,9 +12,9 @@ use std::sync::mpsc::Sender;
 use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::api::core::v1::{Node, ObjectReference, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
+use kube::runtime::WatchStreamExt;
 use kube::runtime::events::{Event as K8sEvent, EventType, Recorder, Reporter};
 use kube::runtime::watcher::{self, Event as WatchEvent};
-use kube::runtime::WatchStreamExt;
 use kube::{Api, Client, Resource};
 use thiserror::Error;
 use tracing::{debug, info, warn};
@@ -55,7 +55,10 @@ pub async fn client(kubeconfig: Option<&str>) -> Result<Client, KubeSourceError>
 
 fn namespaced<K: Resource>(obj: &K) -> NamespacedName {
     let meta = obj.meta();
-    NamespacedName::new(meta.namespace.clone().unwrap_or_else(|| "default".into()), meta.name.clone().unwrap_or_default())
+    NamespacedName::new(
+        meta.namespace.clone().unwrap_or_else(|| "default".into()),
+        meta.name.clone().unwrap_or_default(),
+    )
 }
 
 /// Watches one kind and turns its events into source events.
@@ -88,7 +91,13 @@ where
     }
 }
 
-fn list_events<K: Clone>(ev: WatchEvent<K>, buffer: &mut Vec<K>, listed: fn(Vec<K>) -> Event, applied: fn(K) -> Event, deleted: fn(K) -> Event) -> Vec<Event> {
+fn list_events<K: Clone>(
+    ev: WatchEvent<K>,
+    buffer: &mut Vec<K>,
+    listed: fn(Vec<K>) -> Event,
+    applied: fn(K) -> Event,
+    deleted: fn(K) -> Event,
+) -> Vec<Event> {
     match ev {
         WatchEvent::Init => {
             buffer.clear();
@@ -110,25 +119,37 @@ pub fn spawn_watchers(client: Client, hostname: &str, tx: Sender<Event>) {
     let slices: Api<EndpointSlice> = Api::all(client.clone());
     let nodes: Api<Node> = Api::all(client);
     let svc_tx = tx.clone();
-    tokio::spawn(watch_kind(services, watcher::Config::default().labels(SERVICE_SELECTOR), Kind::Services, svc_tx, |ev, buf| {
-        list_events(
-            ev,
-            buf,
-            Event::ServicesListed,
-            |s| Event::ServiceApplied(Box::new(s)),
-            |s: Service| Event::ServiceDeleted(namespaced(&s)),
-        )
-    }));
+    tokio::spawn(watch_kind(
+        services,
+        watcher::Config::default().labels(SERVICE_SELECTOR),
+        Kind::Services,
+        svc_tx,
+        |ev, buf| {
+            list_events(
+                ev,
+                buf,
+                Event::ServicesListed,
+                |s| Event::ServiceApplied(Box::new(s)),
+                |s: Service| Event::ServiceDeleted(namespaced(&s)),
+            )
+        },
+    ));
     let slice_tx = tx.clone();
-    tokio::spawn(watch_kind(slices, watcher::Config::default().labels(SLICE_SELECTOR), Kind::EndpointSlices, slice_tx, |ev, buf| {
-        list_events(
-            ev,
-            buf,
-            Event::SlicesListed,
-            |s| Event::SliceApplied(Box::new(s)),
-            |s: EndpointSlice| Event::SliceDeleted(namespaced(&s)),
-        )
-    }));
+    tokio::spawn(watch_kind(
+        slices,
+        watcher::Config::default().labels(SLICE_SELECTOR),
+        Kind::EndpointSlices,
+        slice_tx,
+        |ev, buf| {
+            list_events(
+                ev,
+                buf,
+                Event::SlicesListed,
+                |s| Event::SliceApplied(Box::new(s)),
+                |s: EndpointSlice| Event::SliceDeleted(namespaced(&s)),
+            )
+        },
+    ));
     let node_selector = format!("metadata.name={hostname}");
     tokio::spawn(watch_kind(nodes, watcher::Config::default().fields(&node_selector), Kind::Nodes, tx, |ev, buf| {
         list_events(ev, buf, Event::NodesListed, |n| Event::NodeApplied(Box::new(n)), |_| Event::NodeDeleted)
@@ -165,7 +186,11 @@ impl EventPublisher {
             namespace: problem.object.namespace.clone(),
             ..Default::default()
         };
-        let note = if problem.field.is_empty() { problem.reason.clone() } else { format!("{}: {}", problem.field, problem.reason) };
+        let note = if problem.field.is_empty() {
+            problem.reason.clone()
+        } else {
+            format!("{}: {}", problem.field, problem.reason)
+        };
         let event = K8sEvent {
             type_: EventType::Warning,
             reason: if problem.object_skipped { "NotProgrammed".into() } else { "FieldIgnored".into() },

@@ -88,7 +88,8 @@ pub fn manifest_files(path: &Path) -> Result<Vec<PathBuf>, ManifestError> {
 pub fn load(path: &Path) -> Result<Manifests, ManifestError> {
     let mut out = Manifests::default();
     for file in manifest_files(path)? {
-        let text = std::fs::read_to_string(&file).map_err(|source| ManifestError::Read { path: file.clone(), source })?;
+        let text =
+            std::fs::read_to_string(&file).map_err(|source| ManifestError::Read { path: file.clone(), source })?;
         load_text(&file, &text, &mut out);
         out.files.push(file);
     }
@@ -177,7 +178,12 @@ fn add_object(file: &Path, position: &str, v: Value, out: &mut Manifests) {
     let kind = v.get("kind").and_then(Value::as_str).unwrap_or("").to_string();
     let api_version = v.get("apiVersion").and_then(Value::as_str).unwrap_or("").to_string();
     let name = object_name(&v);
-    let problem = |reason: String| ManifestProblem { file: file.to_path_buf(), position: position.to_string(), name: name.clone(), reason };
+    let problem = |reason: String| ManifestProblem {
+        file: file.to_path_buf(),
+        position: position.to_string(),
+        name: name.clone(),
+        reason,
+    };
     if kind == "List" || kind.ends_with("List") {
         match v.get("items") {
             Some(Value::Array(items)) => {

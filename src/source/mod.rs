@@ -61,7 +61,12 @@ pub fn state_from_snapshot(s: &Snapshot, hostname: &str) -> (ClusterState, Vec<P
     state_from_objects(&s.services, &s.slices, &s.nodes, hostname)
 }
 
-fn state_from_objects(services: &[Service], slices: &[EndpointSlice], nodes: &[Node], hostname: &str) -> (ClusterState, Vec<Problem>) {
+fn state_from_objects(
+    services: &[Service],
+    slices: &[EndpointSlice],
+    nodes: &[Node],
+    hostname: &str,
+) -> (ClusterState, Vec<Problem>) {
     let mut state = ClusterState::new();
     let mut problems = Vec::new();
     let mut seen_services = std::collections::BTreeSet::new();
