@@ -1,0 +1,95 @@
+//! The manifests in `deploy/` parse into their Kubernetes types and grant only what a service
+//! proxy needs. (No root needed.)
+
+use std::collections::BTreeSet;
+use std::path::Path;
+
+use k8s_openapi::api::apps::v1::DaemonSet;
+use k8s_openapi::api::core::v1::{ConfigMap, ServiceAccount};
+use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
+use serde_json::Value;
+
+fn docs(file: &str) -> Vec<Value> {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy").join(file);
+    let text = std::fs::read_to_string(&path).unwrap();
+    serde_saphyr::from_multiple::<Value>(&text).unwrap().into_iter().filter(|v| !v.is_null()).collect()
+}
+
+fn typed<T: serde::de::DeserializeOwned>(v: &Value) -> T {
+    serde_path_to_error::deserialize(v.clone()).unwrap_or_else(|e| panic!("{}: {}", e.path(), e.inner()))
+}
+
+#[test]
+fn rbac_grants_exactly_what_a_service_proxy_needs() {
+    let docs = docs("rbac.yaml");
+    let sa: ServiceAccount = typed(&docs[0]);
+    let role: ClusterRole = typed(&docs[1]);
+    let binding: ClusterRoleBinding = typed(&docs[2]);
+    let mut grants = BTreeSet::new();
+    for rule in role.rules.unwrap_or_default() {
+        assert!(rule.resource_names.is_none() && rule.non_resource_urls.is_none());
+        for group in rule.api_groups.unwrap_or_default() {
+            for resource in rule.resources.clone().unwrap_or_default() {
+                for verb in &rule.verbs {
+                    grants.insert(format!("{group}/{resource}:{verb}"));
+                }
+            }
+        }
+    }
+    let expected: BTreeSet<String> = [
+        "/services:get", "/services:list", "/services:watch",
+        "/nodes:get", "/nodes:list", "/nodes:watch",
+        "discovery.k8s.io/endpointslices:get", "discovery.k8s.io/endpointslices:list", "discovery.k8s.io/endpointslices:watch",
+        "/events:create", "/events:patch", "events.k8s.io/events:create", "events.k8s.io/events:patch",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    assert_eq!(grants, expected);
+    assert_eq!(binding.role_ref.name, role.metadata.name.clone().unwrap());
+    let subject = &binding.subjects.unwrap()[0];
+    assert_eq!(Some(&subject.name), sa.metadata.name.as_ref());
+    assert_eq!(subject.namespace, sa.metadata.namespace);
+}
+
+#[test]
+fn the_daemonset_replaces_kube_proxy_with_least_privilege() {
+    let ds: DaemonSet = typed(&docs("daemonset.yaml")[0]);
+    let pod = ds.spec.unwrap().template.spec.unwrap();
+    assert_eq!(pod.host_network, Some(true));
+    assert_eq!(pod.priority_class_name.as_deref(), Some("system-node-critical"));
+    assert!(pod.tolerations.unwrap().iter().any(|t| t.operator.as_deref() == Some("Exists") && t.key.is_none()));
+    assert_eq!(pod.service_account_name.as_deref(), Some("nftproxy"));
+    let c = &pod.containers[0];
+    let sec = c.security_context.clone().unwrap();
+    assert_eq!(sec.privileged, Some(false));
+    assert_eq!(sec.allow_privilege_escalation, Some(false));
+    let caps = sec.capabilities.unwrap();
+    assert_eq!(caps.drop.unwrap(), vec!["ALL"]);
+    assert_eq!(caps.add.unwrap(), vec!["NET_ADMIN"]);
+    let probe = c.liveness_probe.clone().unwrap().http_get.unwrap();
+    assert_eq!(probe.path.as_deref(), Some("/livez"));
+    let args = c.args.clone().unwrap();
+    assert_eq!(args[0], "run");
+    assert!(args.contains(&"--config=/etc/nftproxy/config.yaml".to_string()));
+    assert!(c.resources.clone().unwrap().limits.unwrap().contains_key("memory"));
+    let volume = &pod.volumes.unwrap()[0];
+    let cm: ConfigMap = typed(&docs("configmap.yaml")[0]);
+    assert_eq!(volume.config_map.as_ref().map(|c| c.name.clone()), cm.metadata.name.clone().map(Into::into));
+}
+
+#[test]
+fn the_shipped_config_is_read_without_warnings() {
+    let cm: ConfigMap = typed(&docs("configmap.yaml")[0]);
+    let text = cm.data.unwrap().remove("config.yaml").unwrap();
+    let (settings, warnings) = nftproxy::config::file::parse(&text).unwrap();
+    assert!(warnings.is_empty(), "{warnings:?}");
+    assert_eq!(settings.masquerade_bit, Some(14));
+}
+
+#[test]
+fn the_container_build_is_multi_stage() {
+    let text = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy/Containerfile")).unwrap();
+    assert_eq!(text.lines().filter(|l| l.starts_with("FROM ")).count(), 2);
+    assert!(text.contains("libnftnl11") && text.contains("libmnl0"));
+}
