@@ -75,12 +75,24 @@ fn every_shape(family: IpFamily) -> Table {
     );
     t.add_set(nodeports);
     let mut targets = Set::new("endpoints-A", SetShape::EndpointTargets(family), own.clone());
-    targets.insert(vec![Value::Index(0)], Element::values(vec![Value::Addr(ep1), Value::Port(8080)], own.clone()));
-    targets.insert(vec![Value::Index(1)], Element::values(vec![Value::Addr(ep2), Value::Port(8080)], own.clone()));
+    targets.insert(
+        vec![Value::IndexRange(0, 524_287)],
+        Element::values(vec![Value::Addr(ep1), Value::Port(8080)], own.clone()),
+    );
+    targets.insert(
+        vec![Value::IndexRange(524_288, 1_048_575)],
+        Element::values(vec![Value::Addr(ep2), Value::Port(8080)], own.clone()),
+    );
     t.add_set(targets);
     let mut chains = Set::new("endpoints-B", SetShape::EndpointChains, own.clone());
-    chains.insert(vec![Value::Index(0)], Element::verdict(Verdict::Goto("endpoint-1".into()), own.clone()));
-    chains.insert(vec![Value::Index(1)], Element::verdict(Verdict::Goto("endpoint-2".into()), own.clone()));
+    chains.insert(
+        vec![Value::IndexRange(2_097_152, 2_621_439)],
+        Element::verdict(Verdict::Goto("endpoint-1".into()), own.clone()),
+    );
+    chains.insert(
+        vec![Value::IndexRange(2_621_440, 3_145_727)],
+        Element::verdict(Verdict::Goto("endpoint-2".into()), own.clone()).with_comment("ns1/svc1:dns"),
+    );
     t.add_set(chains);
     let mut aff = Set::new("affinity-1", SetShape::Affinity(family), own.clone());
     aff.timeout_secs = Some(10800);
@@ -166,7 +178,7 @@ fn every_shape(family: IpFamily) -> Table {
     a.push(
         Rule::new(vec![
             Stmt::Cmp { sel: Selector::L4Proto, op: CmpOp::Eq, value: Value::Proto(L4Proto::Tcp) },
-            Stmt::DnatNumgenMap { family, modulus: 2, map: "endpoints-A".into() },
+            Stmt::DnatNumgenMap { family, modulus: 1_048_576, offset: 0, map: "endpoints-A".into() },
         ])
         .with_comment("ns1/svc1:p80"),
     );
@@ -176,7 +188,7 @@ fn every_shape(family: IpFamily) -> Table {
         Stmt::Lookup { key: vec![Selector::Saddr(family)], set: "affinity-1".into(), negate: false },
         Stmt::Verdict(Verdict::Goto("endpoint-1".into())),
     ]));
-    b.push(Rule::new(vec![Stmt::NumgenVmap { modulus: 2, map: "endpoints-B".into() }]));
+    b.push(Rule::new(vec![Stmt::NumgenVmap { modulus: 1_048_576, offset: 2_097_152, map: "endpoints-B".into() }]));
     t.add_chain(b);
     let mut e1 = Chain::regular("endpoint-1", own.clone());
     e1.push(Rule::new(vec![Stmt::UpdateSet { set: "affinity-1".into(), key: Selector::Saddr(family) }]));
@@ -309,7 +321,11 @@ fn one_endpoint_change_sends_only_what_changed() {
     let first = ns
         .run(|| {
             let mut k = Kernel::open().unwrap();
-            nftproxy::reconcile::sync_with_kernel(&mut k, &config, &nftproxy::cli::plan_for(&config, &before)).unwrap()
+            nftproxy::reconcile::sync_with_kernel(&mut k, &config, |slots| {
+                nftproxy::cli::plan_for(&config, &before, slots)
+            })
+            .unwrap()
+            .1
         })
         .unwrap();
     assert!(first.apply.messages > 40);
@@ -318,29 +334,26 @@ fn one_endpoint_change_sends_only_what_changed() {
     // Planning reads the node's addresses, so it runs inside the namespace too.
     let (planned, second) = ns
         .run(|| {
-            let planned = nftproxy::cli::plan_for(&config, &after);
             let mut k = Kernel::open().unwrap();
-            let report = nftproxy::reconcile::sync_with_kernel(&mut k, &config, &planned).unwrap();
-            (planned, report)
+            nftproxy::reconcile::sync_with_kernel(&mut k, &config, |slots| nftproxy::cli::plan_for(&config, &after, slots))
+                .unwrap()
         })
         .unwrap();
-    // One endpoint replaced, same count: map elements only, in both endpoint maps (TCP and UDP)
-    // and the hairpin set. No chain is flushed, no rule rewritten.
+    // One endpoint replaced, same count: elements only, in the shared endpoint map (both
+    // ports, TCP and UDP, in one message each way) and the hairpin set. Every block stays where
+    // the first sync put it (the second process found it in the kernel): no chain is flushed,
+    // no rule rewritten.
     let mut ops = second.transaction.summary();
     ops.sort();
-    let tcp = "endpoints-SUSTUHLJ-default/web/tcp/http";
-    let udp = "endpoints-BWCNA5CK-default/web/udp/echo-udp";
     let mut expected = vec![
-        format!("add element ip nftproxy {tcp} (1 elements)"),
-        format!("add element ip nftproxy {udp} (1 elements)"),
+        "add element ip nftproxy endpoints-0 (2 elements)".to_string(),
         "add element ip nftproxy hairpin-endpoints (1 elements)".to_string(),
-        format!("delete element ip nftproxy {tcp} (1 elements)"),
-        format!("delete element ip nftproxy {udp} (1 elements)"),
+        "delete element ip nftproxy endpoints-0 (2 elements)".to_string(),
         "delete element ip nftproxy hairpin-endpoints (1 elements)".to_string(),
     ];
     expected.sort();
     assert_eq!(ops, expected);
-    assert_eq!(second.apply.messages, 6);
+    assert_eq!(second.apply.messages, 4);
 
     let listing_after = String::from_utf8(ns.exec("nft", &["-a", "list", "ruleset"]).unwrap().stdout).unwrap();
     assert!(listing_after.contains("10.244.2.11 . 8080") && !listing_after.contains("10.244.2.10 . 8080"));

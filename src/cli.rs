@@ -10,6 +10,7 @@ use tracing::{error, warn};
 use crate::config::{self, ConfigError, ProxyConfig};
 use crate::model::ClusterState;
 use crate::netlink::{Kernel, NetlinkError};
+use crate::plan::slots::SlotTable;
 use crate::plan::{Plan, PlanInput, plan};
 use crate::reconcile::{self, SyncError};
 use crate::source::{self, manifests::ManifestError};
@@ -234,10 +235,11 @@ pub fn load_state(args: &ManifestArgs, config: &ProxyConfig) -> Result<ClusterSt
     Ok(state)
 }
 
-/// Plans the ruleset for a state (resolving node-port addresses in this namespace).
-pub fn plan_for(config: &ProxyConfig, state: &ClusterState) -> Plan {
+/// Plans the ruleset for a state (resolving node-port addresses in this namespace), keeping
+/// endpoint blocks where `slots` has them.
+pub fn plan_for(config: &ProxyConfig, state: &ClusterState, slots: &mut SlotTable) -> Plan {
     let targets = crate::nodeaddr::resolve(&config.nodeport_addresses, state.node());
-    plan(&PlanInput { config, state, nodeports_v4: &targets.v4, nodeports_v6: &targets.v6 })
+    plan(&PlanInput { config, state, nodeports_v4: &targets.v4, nodeports_v6: &targets.v6 }, slots)
 }
 
 /// Runs the CLI; returns the process exit code. `matches` tells flags given on the command line
@@ -258,15 +260,15 @@ fn execute(cli: Cli, matches: Option<&clap::ArgMatches>) -> Result<(), CliError>
         Command::Render(args) => {
             let config = args.proxy.config()?;
             let state = load_state(&args, &config)?;
-            print!("{}", plan_for(&config, &state).ruleset);
+            print!("{}", plan_for(&config, &state, &mut SlotTable::new()).ruleset);
             Ok(())
         }
         Command::Sync(args) => {
             let config = args.proxy.config()?;
             let state = load_state(&args, &config)?;
-            let planned = plan_for(&config, &state);
             let mut kernel = Kernel::open()?;
-            let report = reconcile::sync_with_kernel(&mut kernel, &config, &planned)?;
+            let (planned, report) =
+                reconcile::sync_with_kernel(&mut kernel, &config, |slots| plan_for(&config, &state, slots))?;
             if config.conntrack_cleanup
                 && let Err(e) = crate::conntrack::clean(&planned.conntrack)
             {

@@ -4,6 +4,7 @@
 //! function) → desired [`nft::Ruleset`] → [`nft::lower`] → [`nft::diff`] against what the kernel
 //! holds → [`netlink`] applies one atomic transaction.
 
+pub mod bench;
 pub mod cli;
 pub mod config;
 pub mod conntrack;

@@ -186,7 +186,7 @@ impl Metrics {
                 self.transaction_messages.inc_by(s.report.apply.messages as u64);
                 self.drift_repairs.inc_by(s.report.drift_repairs as u64);
                 self.last_sync_timestamp.set(now_seconds());
-                let stats = s.plan.stats;
+                let stats = s.stats;
                 self.no_local_endpoints
                     .get_or_create(&vec![label("traffic_policy", "internal")])
                     .set(stats.no_local_internal as i64);

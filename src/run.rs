@@ -105,7 +105,7 @@ impl Observer for AgentObserver {
                     }
                 }
                 if reconciler.config().conntrack_cleanup {
-                    match crate::conntrack::clean(&s.plan.conntrack) {
+                    match crate::conntrack::clean(&s.conntrack) {
                         Ok(n) => {
                             self.metrics.conntrack_deleted.inc_by(n as u64);
                         }

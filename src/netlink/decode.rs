@@ -4,7 +4,8 @@
 //! compares equal: NAT flags and max registers the kernel derives from the min registers are
 //! dropped, absent optional attributes read as their defaults.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
 
 use indexmap::IndexMap;
 use nftnl_sys as sys;
@@ -197,6 +198,7 @@ fn read_elements(sock: &mut Socket, fam: u16, table: &str, set: &mut WireSet) ->
     #[allow(unsafe_code)]
     // SAFETY: the header was just built in a buffer large enough for the payload.
     let req = request(msg::GETSETELEM, fam, NLM_F_DUMP, seq, |nlh| unsafe { raw::set_elems_payload(nlh, &filter) });
+    let mut comments: HashMap<Vec<u8>, (Arc<[u8]>, Owner)> = HashMap::new();
     sock.dump(&req, seq, |msg| {
         let nlh: *const libc::nlmsghdr = msg.as_ptr().cast();
         let mut s = raw::Set::new()?;
@@ -204,23 +206,33 @@ fn read_elements(sock: &mut Socket, fam: u16, table: &str, set: &mut WireSet) ->
             return Ok(());
         }
         s.for_each_elem(|e| {
-            let Some(bytes) = e.data(a(sys::NFTNL_SET_ELEM_KEY)) else { return };
+            let Some(key) = e.data(a(sys::NFTNL_SET_ELEM_KEY)) else { return };
             let interval_end = e.u32(a(sys::NFTNL_SET_ELEM_FLAGS)).unwrap_or(0) & ELEM_INTERVAL_END != 0;
             let data = if let Some(code) = e.u32(a(sys::NFTNL_SET_ELEM_VERDICT)) {
                 WireData::Verdict { code: code as i32, chain: e.str(a(sys::NFTNL_SET_ELEM_CHAIN)) }
             } else if let Some(d) = e.data(a(sys::NFTNL_SET_ELEM_DATA)) {
-                WireData::Bytes(d)
+                WireData::Bytes(d.into())
             } else {
                 WireData::None
             };
-            let userdata = e.data(a(sys::NFTNL_SET_ELEM_USERDATA));
-            // Our element comments name the service port that owns the element.
-            let owner = userdata
-                .as_deref()
-                .and_then(|u| udata::find_comment(u, udata::COMMENT))
-                .map(Owner::new)
-                .unwrap_or_else(Owner::infrastructure);
-            set.elements.insert(WireKey { bytes, interval_end }, WireElement { data, userdata, owner });
+            // Our element comments name the service port that owns the element; elements of
+            // one service port share one copy of both.
+            let (userdata, owner) = match e.data(a(sys::NFTNL_SET_ELEM_USERDATA)) {
+                Some(u) => {
+                    let (blob, owner) = comments
+                        .entry(u)
+                        .or_insert_with_key(|u| {
+                            let owner =
+                                udata::find_comment(u, udata::COMMENT).map_or_else(Owner::infrastructure, Owner::new);
+                            (Arc::from(u.as_slice()), owner)
+                        })
+                        .clone();
+                    (Some(blob), owner)
+                }
+                None => (None, Owner::infrastructure()),
+            };
+            let key = WireKey { bytes: key.into(), interval_end };
+            set.elements.insert(key, WireElement { data, userdata, owner });
         });
         Ok(())
     })
@@ -284,6 +296,13 @@ fn decode_expr(e: &ExprRef<'_>) -> LowExpr {
             modulus: u(sys::NFTNL_EXPR_NG_MODULUS),
             kind: u(sys::NFTNL_EXPR_NG_TYPE),
             offset: u(sys::NFTNL_EXPR_NG_OFFSET),
+        },
+        "byteorder" => LowExpr::Byteorder {
+            sreg: u(sys::NFTNL_EXPR_BYTEORDER_SREG),
+            dreg: u(sys::NFTNL_EXPR_BYTEORDER_DREG),
+            op: u(sys::NFTNL_EXPR_BYTEORDER_OP),
+            len: u(sys::NFTNL_EXPR_BYTEORDER_LEN),
+            size: u(sys::NFTNL_EXPR_BYTEORDER_SIZE),
         },
         "fib" => LowExpr::Fib {
             dreg: u(sys::NFTNL_EXPR_FIB_DREG),

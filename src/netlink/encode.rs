@@ -85,15 +85,19 @@ fn u16_attr(attr: u32) -> u16 {
 /// Encodes a transaction into one batch.
 pub fn encode(tx: &Transaction) -> Result<EncodedBatch, NetlinkError> {
     let mut batch = Batch::new();
-    let mut messages: Vec<(Message, usize, Vec<Owner>)> = Vec::new();
+    // Each message is written into the batch as soon as it is built, so libnftnl's objects
+    // (one per element) never pile up: a cold sync holds only the batch's bytes.
+    let mut messages: Vec<MessageInfo> = Vec::new();
     let mut set_ids: HashMap<(u16, String, String), u32> = HashMap::new();
     let mut next_set_id = 1u32;
 
     for (index, op) in tx.ops.iter().enumerate() {
         let family = u16::try_from(nfproto(op.family)).unwrap_or(2);
         let table = op.table.as_str();
-        let mut push = |kind, flags, body, owners| {
-            messages.push((Message { kind, family, flags, body, seq: Cell::new(0) }, index, owners));
+        let mut push = |kind, flags, body, element_owners| {
+            let message = Message { kind, family, flags, body, seq: Cell::new(0) };
+            batch.add(&message, MsgType::Add);
+            messages.push(MessageInfo { seq: message.seq.get(), op_index: index, element_owners });
         };
         match &op.kind {
             OpKind::AddTable { flags, userdata } => {
@@ -197,19 +201,12 @@ pub fn encode(tx: &Transaction) -> Result<EncodedBatch, NetlinkError> {
         }
     }
 
-    for (message, _, _) in &messages {
-        batch.add(message, MsgType::Add);
-    }
     let batch = batch.finalize();
     let seqs = batch.sequence_numbers();
     let bytes = batch.iter().map(<[u8]>::len).sum();
     // With BEGIN/END ACKs the batch holds n + 2 sequence numbers; END has the last one.
     let acked = seqs.len() == messages.len() + 2;
     let end_ack_seq = acked.then(|| seqs.end - 1);
-    let messages = messages
-        .into_iter()
-        .map(|(m, op_index, element_owners)| MessageInfo { seq: m.seq.get(), op_index, element_owners })
-        .collect();
     Ok(EncodedBatch { batch, messages, end_ack_seq, bytes })
 }
 
@@ -238,7 +235,7 @@ fn element_size(key: &WireKey, element: &WireElement) -> usize {
         WireData::Verdict { chain, .. } => 24 + chain.as_ref().map_or(0, String::len),
         WireData::Bytes(b) => 8 + b.len(),
     };
-    48 + key.bytes.len() + data + element.userdata.as_ref().map_or(0, Vec::len)
+    48 + key.bytes.len() + data + element.userdata.as_ref().map_or(0, |u| u.len())
 }
 
 fn table_obj(name: &str, family: u16) -> Result<raw::Table, NetlinkError> {
@@ -368,6 +365,15 @@ fn encode_expr(expr: &LowExpr, set_id: impl Fn(&str) -> Option<u32>) -> Result<r
             if *offset != 0 {
                 e.u32(a(sys::NFTNL_EXPR_NG_OFFSET), *offset);
             }
+            e
+        }
+        LowExpr::Byteorder { sreg, dreg, op, len, size } => {
+            let mut e = raw::Expr::new("byteorder")?;
+            e.u32(a(sys::NFTNL_EXPR_BYTEORDER_SREG), *sreg)
+                .u32(a(sys::NFTNL_EXPR_BYTEORDER_DREG), *dreg)
+                .u32(a(sys::NFTNL_EXPR_BYTEORDER_OP), *op)
+                .u32(a(sys::NFTNL_EXPR_BYTEORDER_LEN), *len)
+                .u32(a(sys::NFTNL_EXPR_BYTEORDER_SIZE), *size);
             e
         }
         LowExpr::Fib { dreg, result, flags } => {

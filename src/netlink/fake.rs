@@ -217,10 +217,12 @@ fn apply_op(state: &mut WireRuleset, op: &crate::nft::diff::Op) -> Result<(), i3
                 }
             }
             let s = t.sets.get_mut(set).ok_or(libc::ENOENT)?;
+            let interval = s.spec.is_interval();
             for (k, e) in elements {
                 match s.elements.get(k) {
                     Some(existing) if !existing.same_content(e) => return Err(libc::EEXIST),
                     Some(_) => {}
+                    None if interval && interval_overlap(&s.elements, k) => return Err(libc::EEXIST),
                     None => {
                         s.elements.insert(k.clone(), e.clone());
                     }
@@ -235,4 +237,36 @@ fn apply_op(state: &mut WireRuleset, op: &crate::nft::diff::Op) -> Result<(), i3
         }
     }
     Ok(())
+}
+
+/// The kernel's overlap rules for a new element of an interval set (`__nft_rbtree_insert` in
+/// `nft_set_rbtree.c`): it looks at the closest greater-or-equal and less-or-equal elements and
+/// refuses a start or end that falls inside a range it holds (reported as `EEXIST`).
+fn interval_overlap(existing: &BTreeMap<WireKey, WireElement>, new: &WireKey) -> bool {
+    // The kernel walks from the closest greater key downwards; at equal keys a start comes
+    // before an end.
+    let mut ge: Option<&WireKey> = existing.keys().filter(|k| k.bytes > new.bytes).min_by(|a, b| a.bytes.cmp(&b.bytes));
+    let mut le: Option<&WireKey> = None;
+    let equal_start = existing.keys().find(|k| k.bytes == new.bytes && !k.interval_end);
+    let equal_end = existing.keys().find(|k| k.bytes == new.bytes && k.interval_end);
+    if let Some(start) = equal_start
+        && (ge.is_none_or(|g| g.bytes != new.bytes))
+    {
+        ge = Some(start);
+    }
+    if let Some(end) = equal_end {
+        le = Some(end);
+    } else {
+        let below = existing.keys().filter(|k| k.bytes < new.bytes).map(|k| &k.bytes).max();
+        if let Some(bytes) = below {
+            // At one key the walk meets the start first.
+            le = existing.keys().filter(|k| &k.bytes == bytes).min_by_key(|k| k.interval_end);
+        }
+    }
+    let same = |k: &WireKey| k.bytes == new.bytes && k.interval_end == new.interval_end;
+    ge.is_some_and(same)
+        || le.is_some_and(same)
+        || le.is_some_and(|l| !l.interval_end && !new.interval_end)
+        || le.is_some_and(|l| l.interval_end && new.interval_end)
+        || ge.is_some_and(|g| g.interval_end && new.interval_end)
 }

@@ -272,8 +272,8 @@ pub enum Value {
     Prefix(IpNet),
     Proto(L4Proto),
     Port(u16),
-    /// A `numgen` result (the key of an endpoint map).
-    Index(u32),
+    /// A range of `numgen` results (the key of an endpoint map), both ends included.
+    IndexRange(u32, u32),
     /// An interface name; a trailing `*` matches a prefix.
     Ifname(String),
 }
@@ -315,8 +315,8 @@ pub enum Stmt {
     Lookup { key: Vec<Selector>, set: String, negate: bool },
     /// `ip daddr . meta l4proto . th dport vmap @service-ips`
     Vmap { key: Vec<Selector>, map: String },
-    /// `numgen random mod N vmap @map`
-    NumgenVmap { modulus: u32, map: String },
+    /// `numgen random mod N offset K vmap @map`
+    NumgenVmap { modulus: u32, offset: u32, map: String },
     /// `meta mark set meta mark | 0x00004000`
     MarkOr(u32),
     /// `meta mark set meta mark ^ 0x00004000`
@@ -330,8 +330,8 @@ pub enum Stmt {
     Reject(IpFamily),
     /// `dnat to 10.180.0.1:80`
     Dnat { addr: IpAddr, port: u16 },
-    /// `dnat ip to numgen random mod N map @map`
-    DnatNumgenMap { family: IpFamily, modulus: u32, map: String },
+    /// `dnat ip to numgen random mod N offset K map @map`
+    DnatNumgenMap { family: IpFamily, modulus: u32, offset: u32, map: String },
     /// `jump x`, `goto x`, `drop`, `return`.
     Verdict(Verdict),
 }
@@ -349,9 +349,10 @@ pub enum SetShape {
     ServiceVerdicts(IpFamily),
     /// `type inet_proto . inet_service : verdict`
     PortVerdicts,
-    /// `typeof numgen random mod 1 : ip daddr . th dport` (endpoint index → DNAT target)
+    /// `typeof numgen random mod 1 : ip daddr . th dport; flags interval` (numgen range → DNAT
+    /// target)
     EndpointTargets(IpFamily),
-    /// `typeof numgen random mod 1 : verdict` (endpoint index → endpoint chain)
+    /// `typeof numgen random mod 1 : verdict; flags interval` (numgen range → endpoint chain)
     EndpointChains,
     /// `type ipv4_addr; flags dynamic,timeout; timeout Ns` (session affinity)
     Affinity(IpFamily),

@@ -92,19 +92,26 @@ impl Transaction {
 /// Operations turning `current` into `desired`. Tables of `current` missing from `desired` are
 /// deleted.
 pub fn diff(current: &WireRuleset, desired: &WireRuleset) -> Transaction {
+    diff_into(current, desired.clone())
+}
+
+/// Like [`diff`], consuming `desired`: objects to create move into the transaction instead of
+/// being copied (a cold sync would otherwise hold the whole ruleset twice).
+pub fn diff_into(current: &WireRuleset, desired: WireRuleset) -> Transaction {
     let mut tx = Transaction::default();
-    for want in &desired.tables {
+    let wanted: Vec<(IpFamily, String)> = desired.tables.iter().map(|t| (t.family, t.name.clone())).collect();
+    for want in desired.tables {
         match current.tables.iter().find(|t| t.family == want.family && t.name == want.name) {
             None => create_table(want, &mut tx),
-            Some(have) if needs_rebuild(have, want) => {
-                tx.ops.push(op(want, OpKind::DeleteTable, Owner::infrastructure()));
+            Some(have) if needs_rebuild(have, &want) => {
+                tx.ops.push(op(&want, OpKind::DeleteTable, Owner::infrastructure()));
                 create_table(want, &mut tx);
             }
             Some(have) => diff_table(have, want, &mut tx),
         }
     }
     for have in &current.tables {
-        if !desired.tables.iter().any(|t| t.family == have.family && t.name == have.name) {
+        if !wanted.iter().any(|(f, n)| *f == have.family && *n == have.name) {
             tx.ops.push(op(have, OpKind::DeleteTable, Owner::infrastructure()));
         }
     }
@@ -123,20 +130,22 @@ fn needs_rebuild(have: &WireTable, want: &WireTable) -> bool {
 }
 
 /// Everything for a table that does not exist yet.
-pub fn create_table(want: &WireTable, tx: &mut Transaction) {
+pub fn create_table(mut want: WireTable, tx: &mut Transaction) {
     tx.ops.push(op(
-        want,
+        &want,
         OpKind::AddTable { flags: want.flags, userdata: want.userdata.clone() },
         Owner::infrastructure(),
     ));
     for chain in want.chains.values() {
-        tx.ops.push(add_chain(want, chain));
+        tx.ops.push(add_chain(&want, chain));
     }
-    for set in want.sets.values() {
-        add_set_with_elements(want, set, tx);
+    let sets = std::mem::take(&mut want.sets);
+    for set in sets.into_values() {
+        add_set_with_elements(&want, set, tx);
     }
-    for chain in want.chains.values() {
-        add_rules(want, chain, tx);
+    let chains = std::mem::take(&mut want.chains);
+    for chain in chains.into_values() {
+        add_rules(&want, chain, tx);
     }
 }
 
@@ -148,105 +157,117 @@ fn add_chain(table: &WireTable, chain: &WireChain) -> Op {
     )
 }
 
-fn add_rules(table: &WireTable, chain: &WireChain, tx: &mut Transaction) {
-    for rule in &chain.rules {
-        tx.ops.push(op(table, OpKind::AddRule { chain: chain.name.clone(), rule: rule.clone() }, chain.owner.clone()));
+fn add_rules(table: &WireTable, chain: WireChain, tx: &mut Transaction) {
+    for rule in chain.rules {
+        tx.ops.push(op(table, OpKind::AddRule { chain: chain.name.clone(), rule }, chain.owner.clone()));
     }
 }
 
-fn add_set_with_elements(table: &WireTable, set: &WireSet, tx: &mut Transaction) {
-    tx.ops.push(op(table, OpKind::AddSet { set: set.name.clone(), spec: set.spec.clone() }, set.owner.clone()));
+fn add_set_with_elements(table: &WireTable, set: WireSet, tx: &mut Transaction) {
+    tx.ops.push(op(table, OpKind::AddSet { set: set.name.clone(), spec: set.spec }, set.owner.clone()));
     if !set.dynamic && !set.elements.is_empty() {
-        let elements = set.elements.iter().map(|(k, e)| (k.clone(), e.clone())).collect();
-        tx.ops.push(op(table, OpKind::AddElements { set: set.name.clone(), elements }, set.owner.clone()));
+        let elements = set.elements.into_iter().collect();
+        tx.ops.push(op(table, OpKind::AddElements { set: set.name, elements }, set.owner));
     }
 }
 
-fn diff_table(have: &WireTable, want: &WireTable, tx: &mut Transaction) {
+/// Operations turning one table into another (both must be the same family and name).
+pub fn diff_table(have: &WireTable, mut want: WireTable, tx: &mut Transaction) {
     if have.flags != want.flags {
         tx.ops.push(op(
-            want,
+            &want,
             OpKind::AddTable { flags: want.flags, userdata: want.userdata.clone() },
             Owner::infrastructure(),
         ));
     }
 
-    let recreated_sets: HashSet<&str> = want
+    let recreated_sets: HashSet<String> = want
         .sets
         .values()
         .filter(|s| have.sets.get(&s.name).is_some_and(|h| h.spec != s.spec))
-        .map(|s| s.name.as_str())
+        .map(|s| s.name.clone())
         .collect();
 
     // Chains whose rules reference a recreated set must be rewritten, in the kernel's copy
     // (to release the old set) and in ours (to bind the new one).
     let referencing_recreated = |chain: &WireChain| chain.set_refs().any(|s| recreated_sets.contains(s));
-    let rewritten: Vec<&WireChain> = want
+    let rewritten: Vec<String> = want
         .chains
         .values()
         .filter(|c| match have.chains.get(&c.name) {
             Some(h) => h.rules != c.rules || referencing_recreated(h) || referencing_recreated(c),
             None => false,
         })
+        .map(|c| c.name.clone())
         .collect();
-    let new_chains: Vec<&WireChain> = want.chains.values().filter(|c| !have.chains.contains_key(&c.name)).collect();
+    let new_chains: Vec<String> =
+        want.chains.values().filter(|c| !have.chains.contains_key(&c.name)).map(|c| c.name.clone()).collect();
     let gone_chains: Vec<&WireChain> = have.chains.values().filter(|c| !want.chains.contains_key(&c.name)).collect();
 
     // 1. New chains, empty, so elements and rules below can point at them.
-    for chain in &new_chains {
-        tx.ops.push(add_chain(want, chain));
+    for name in &new_chains {
+        tx.ops.push(add_chain(&want, &want.chains[name]));
     }
 
     // 2. Elements that go away or change, releasing the chains they point at.
-    let mut element_adds: Vec<(&WireSet, Vec<(WireKey, WireElement)>)> = Vec::new();
+    let mut element_adds: Vec<(String, Owner, ElementAdds)> = Vec::new();
     for set in want.sets.values() {
         let Some(old) = have.sets.get(&set.name) else { continue };
         if recreated_sets.contains(set.name.as_str()) || set.dynamic {
             continue;
         }
-        let (dels, adds) = diff_elements(&old.elements, &set.elements);
+        let (dels, adds) = if set.spec.is_interval() {
+            diff_intervals(&old.elements, &set.elements, set.spec.is_numgen_interval_map())
+        } else {
+            diff_elements(&old.elements, &set.elements)
+        };
         if !dels.is_empty() {
-            tx.ops.push(op(want, OpKind::DeleteElements { set: set.name.clone(), keys: dels }, set.owner.clone()));
+            tx.ops.push(op(&want, OpKind::DeleteElements { set: set.name.clone(), keys: dels }, set.owner.clone()));
         }
         if !adds.is_empty() {
-            element_adds.push((set, adds));
+            element_adds.push((set.name.clone(), set.owner.clone(), adds));
         }
     }
 
     // 3. Flush chains that are rewritten or deleted: their rules release sets and chains.
-    for chain in rewritten.iter().chain(gone_chains.iter()) {
-        tx.ops.push(op(want, OpKind::FlushChain { chain: chain.name.clone() }, chain.owner.clone()));
+    for name in rewritten.iter().chain(gone_chains.iter().map(|c| &c.name)) {
+        let owner = want.chains.get(name).or_else(|| have.chains.get(name)).map(|c| c.owner.clone());
+        let owner = owner.unwrap_or_else(Owner::infrastructure);
+        tx.ops.push(op(&want, OpKind::FlushChain { chain: name.clone() }, owner));
     }
 
     // 4. Sets whose type changed are replaced, now that no rule uses them.
     for name in want.sets.keys().filter(|n| recreated_sets.contains(n.as_str())) {
-        tx.ops.push(op(want, OpKind::DeleteSet { set: name.clone() }, want.sets[name].owner.clone()));
+        tx.ops.push(op(&want, OpKind::DeleteSet { set: name.clone() }, want.sets[name].owner.clone()));
     }
 
     // 5. New and replaced sets with their elements; then new elements of kept sets.
-    for set in want.sets.values() {
+    let gone_sets: Vec<&WireSet> = have.sets.values().filter(|s| !want.sets.contains_key(&s.name)).collect();
+    let sets = std::mem::take(&mut want.sets);
+    for set in sets.into_values() {
         if !have.sets.contains_key(&set.name) || recreated_sets.contains(set.name.as_str()) {
-            add_set_with_elements(want, set, tx);
+            add_set_with_elements(&want, set, tx);
         }
     }
-    for (set, adds) in element_adds {
-        tx.ops.push(op(want, OpKind::AddElements { set: set.name.clone(), elements: adds }, set.owner.clone()));
+    for (set, owner, adds) in element_adds {
+        tx.ops.push(op(&want, OpKind::AddElements { set, elements: adds }, owner));
     }
 
     // 6. Rules of new and rewritten chains, in the desired chain order.
-    let rewritten_names: HashSet<&str> = rewritten.iter().map(|c| c.name.as_str()).collect();
-    for chain in want.chains.values() {
-        if !have.chains.contains_key(&chain.name) || rewritten_names.contains(chain.name.as_str()) {
-            add_rules(want, chain, tx);
+    let rewritten: HashSet<String> = rewritten.into_iter().collect();
+    let chains = std::mem::take(&mut want.chains);
+    for chain in chains.into_values() {
+        if !have.chains.contains_key(&chain.name) || rewritten.contains(&chain.name) {
+            add_rules(&want, chain, tx);
         }
     }
 
     // 7. Sets and chains nothing references any more.
-    for set in have.sets.values().filter(|s| !want.sets.contains_key(&s.name)) {
-        tx.ops.push(op(want, OpKind::DeleteSet { set: set.name.clone() }, set.owner.clone()));
+    for set in gone_sets {
+        tx.ops.push(op(&want, OpKind::DeleteSet { set: set.name.clone() }, set.owner.clone()));
     }
     for chain in gone_chains {
-        tx.ops.push(op(want, OpKind::DeleteChain { chain: chain.name.clone() }, chain.owner.clone()));
+        tx.ops.push(op(&want, OpKind::DeleteChain { chain: chain.name.clone() }, chain.owner.clone()));
     }
 }
 
@@ -254,6 +275,39 @@ fn diff_table(have: &WireTable, want: &WireTable, tx: &mut Transaction) {
 type ElementDeletes = Vec<(WireKey, Owner)>;
 /// Elements to add.
 type ElementAdds = Vec<(WireKey, WireElement)>;
+
+/// Like [`diff_elements`], for interval sets. The kernel refuses a start or end element inside
+/// a range it holds, so a group of ranges whose boundaries move is deleted and added whole (in
+/// one transaction the deleted elements are inactive when the new ones arrive); a range that
+/// only maps to something else is replaced alone. The groups are the numgen windows of endpoint
+/// maps (one service port's ranges each), and the whole set for other interval sets (a few
+/// prefixes).
+fn diff_intervals(
+    have: &BTreeMap<WireKey, WireElement>,
+    want: &BTreeMap<WireKey, WireElement>,
+    by_window: bool,
+) -> (ElementDeletes, ElementAdds) {
+    let group = |key: &WireKey| if by_window { key.numgen_window() } else { None };
+    let moved: HashSet<Option<u32>> = have
+        .keys()
+        .filter(|k| !want.contains_key(*k))
+        .chain(want.keys().filter(|k| !have.contains_key(*k)))
+        .map(group)
+        .collect();
+    let (dels, adds) = diff_elements(have, want);
+    if moved.is_empty() {
+        return (dels, adds);
+    }
+    let mut dels: ElementDeletes = dels.into_iter().filter(|(k, _)| !moved.contains(&group(k))).collect();
+    let mut adds: ElementAdds = adds.into_iter().filter(|(k, _)| !moved.contains(&group(k))).collect();
+    for (k, e) in have.iter().filter(|(k, _)| moved.contains(&group(k))) {
+        let owner = want.get(k).map_or_else(|| e.owner.clone(), |w| w.owner.clone());
+        dels.push((k.clone(), owner));
+    }
+    adds.extend(want.iter().filter(|(k, _)| moved.contains(&group(k))).map(|(k, e)| (k.clone(), e.clone())));
+    adds.sort_by(|a, b| a.0.cmp(&b.0));
+    (dels, adds)
+}
 
 /// Element keys to delete (gone or changed) and elements to add (new or changed).
 fn diff_elements(

@@ -4,6 +4,7 @@
 
 use std::collections::BTreeMap;
 use std::net::IpAddr;
+use std::sync::Arc;
 
 use ipnet::IpNet;
 
@@ -144,8 +145,9 @@ fn lower_stmt(stmt: &Stmt, out: &mut Vec<LowExpr>) {
             let sreg = load_concat(key, out);
             out.push(LowExpr::Lookup { sreg, dreg: Some(REG_VERDICT), set: map.clone(), flags: 0 });
         }
-        Stmt::NumgenVmap { modulus, map } => {
-            out.push(numgen(*modulus));
+        Stmt::NumgenVmap { modulus, offset, map } => {
+            out.push(numgen(*modulus, *offset));
+            out.push(hton_u32());
             out.push(LowExpr::Lookup { sreg: REG_1, dreg: Some(REG_VERDICT), set: map.clone(), flags: 0 });
         }
         Stmt::MarkOr(bits) => lower_mark_set(!bits, *bits, out),
@@ -179,8 +181,9 @@ fn lower_stmt(stmt: &Stmt, out: &mut Vec<LowExpr>) {
                 flags: 0,
             });
         }
-        Stmt::DnatNumgenMap { family, modulus, map } => {
-            out.push(numgen(*modulus));
+        Stmt::DnatNumgenMap { family, modulus, offset, map } => {
+            out.push(numgen(*modulus, *offset));
+            out.push(hton_u32());
             out.push(LowExpr::Lookup { sreg: REG_1, dreg: Some(REG_1), set: map.clone(), flags: 0 });
             let addr_words = match family {
                 IpFamily::V4 => 1,
@@ -198,8 +201,13 @@ fn lower_stmt(stmt: &Stmt, out: &mut Vec<LowExpr>) {
     }
 }
 
-fn numgen(modulus: u32) -> LowExpr {
-    LowExpr::Numgen { dreg: REG_1, modulus, kind: NG_RANDOM, offset: 0 }
+/// Interval maps compare keys as big-endian bytes: nft converts the numgen result first.
+fn hton_u32() -> LowExpr {
+    LowExpr::Byteorder { sreg: REG_1, dreg: REG_1, op: BYTEORDER_HTON, len: 4, size: 4 }
+}
+
+fn numgen(modulus: u32, offset: u32) -> LowExpr {
+    LowExpr::Numgen { dreg: REG_1, modulus, kind: NG_RANDOM, offset }
 }
 
 /// `NFPROTO_IPV4` / `NFPROTO_IPV6`.
@@ -287,7 +295,7 @@ fn value_bytes(value: &Value, len: usize) -> Vec<u8> {
         Value::Prefix(p) => addr_bytes(&p.addr()),
         Value::Proto(p) => vec![p.number()],
         Value::Port(p) => p.to_be_bytes().to_vec(),
-        Value::Index(i) => i.to_ne_bytes().to_vec(),
+        Value::IndexRange(lo, _) => lo.to_ne_bytes().to_vec(),
         Value::Ifname(n) => {
             let mut d = n.as_bytes().to_vec();
             d.resize(len, 0);
@@ -297,17 +305,17 @@ fn value_bytes(value: &Value, len: usize) -> Vec<u8> {
 }
 
 /// A field of a concatenated key: value bytes padded to 32 bits.
-fn push_field(buf: &mut Vec<u8>, value: &Value) {
+fn push_field(buf: &mut Bytes, value: &Value) {
     let bytes = match value {
-        Value::Index(i) => i.to_ne_bytes().to_vec(),
+        Value::IndexRange(lo, _) => lo.to_ne_bytes().to_vec(),
         other => value_bytes(other, 0),
     };
     buf.extend_from_slice(&bytes);
     buf.resize(buf.len().div_ceil(4) * 4, 0);
 }
 
-fn concat_bytes(values: &[Value]) -> Vec<u8> {
-    let mut buf = Vec::with_capacity(values.len() * 8);
+fn concat_bytes(values: &[Value]) -> Bytes {
+    let mut buf = Bytes::new();
     for v in values {
         push_field(&mut buf, v);
     }
@@ -354,11 +362,16 @@ pub fn set_spec(shape: SetShape, timeout_secs: Option<u32>, comment: Option<&str
                 IpFamily::V6 => udata_prefix::NUMGEN_TO_IP6_DPORT,
             };
             let data = concat(&[t, TYPE_INET_SERVICE]);
-            (SET_MAP, TYPE_INTEGER, 4, Some(data), l + 4, hex(blob))
+            (SET_MAP | SET_INTERVAL, TYPE_INTEGER, 4, Some(data), l + 4, hex(blob))
         }
-        SetShape::EndpointChains => {
-            (SET_MAP, TYPE_INTEGER, 4, Some(DATA_VERDICT), 0, hex(udata_prefix::NUMGEN_TO_VERDICT))
-        }
+        SetShape::EndpointChains => (
+            SET_MAP | SET_INTERVAL,
+            TYPE_INTEGER,
+            4,
+            Some(DATA_VERDICT),
+            0,
+            hex(udata_prefix::NUMGEN_TO_VERDICT),
+        ),
     };
     if let Some(c) = comment {
         udata::put_str(&mut ud, udata::SET_COMMENT, c);
@@ -397,20 +410,49 @@ fn hex(s: &str) -> Vec<u8> {
     (0..s.len()).step_by(2).filter_map(|i| u8::from_str_radix(s.get(i..i + 2)?, 16).ok()).collect()
 }
 
+/// Element comments, one allocation per distinct text (a service port's elements share one).
+#[derive(Default)]
+struct Comments(std::collections::HashMap<String, Arc<[u8]>>);
+
+impl Comments {
+    fn get(&mut self, comment: Option<&str>) -> Option<Arc<[u8]>> {
+        let c = comment?;
+        if let Some(blob) = self.0.get(c) {
+            return Some(blob.clone());
+        }
+        let blob: Arc<[u8]> = Arc::from(udata::comment(c));
+        self.0.insert(c.to_string(), blob.clone());
+        Some(blob)
+    }
+}
+
 /// Lowers one set and its elements.
 pub fn lower_set(set: &Set) -> WireSet {
     let spec = set_spec(set.shape, set.timeout_secs, set.comment.as_deref());
     let mut elements = BTreeMap::new();
+    let mut comments = Comments::default();
     match set.shape {
         SetShape::Affinity(_) => {}
         SetShape::Prefixes(fam) => {
-            for (key, element) in interval_elements(fam, set) {
+            for (key, element) in interval_elements(fam, set, &mut comments) {
                 elements.insert(key, element);
+            }
+        }
+        SetShape::EndpointTargets(_) | SetShape::EndpointChains => {
+            for (key, element) in &set.elements {
+                // Big-endian keys: the rule converts the numgen result before the lookup.
+                let Some(Value::IndexRange(lo, hi)) = key.first() else { continue };
+                elements.insert(WireKey::new(&lo.to_be_bytes()), lower_element(element, &mut comments));
+                if let Some(end) = hi.checked_add(1) {
+                    let end_element = WireElement { data: WireData::None, userdata: None, owner: element.owner.clone() };
+                    elements.insert(WireKey::end(&end.to_be_bytes()), end_element);
+                }
             }
         }
         _ => {
             for (key, element) in &set.elements {
-                elements.insert(WireKey { bytes: concat_bytes(key), interval_end: false }, lower_element(element));
+                let key = WireKey { bytes: concat_bytes(key), interval_end: false };
+                elements.insert(key, lower_element(element, &mut comments));
             }
         }
     }
@@ -424,7 +466,7 @@ pub fn lower_set(set: &Set) -> WireSet {
 }
 
 /// One element's data and comment.
-pub fn lower_element(element: &Element) -> WireElement {
+fn lower_element(element: &Element, comments: &mut Comments) -> WireElement {
     let data = match &element.data {
         ElementData::None => WireData::None,
         ElementData::Verdict(v) => {
@@ -433,13 +475,13 @@ pub fn lower_element(element: &Element) -> WireElement {
         }
         ElementData::Values(values) => WireData::Bytes(concat_bytes(values)),
     };
-    WireElement { data, userdata: element.comment.as_deref().map(udata::comment), owner: element.owner.clone() }
+    WireElement { data, userdata: comments.get(element.comment.as_deref()), owner: element.owner.clone() }
 }
 
 /// Interval sets as nft encodes them for the kernel's rbtree: each range becomes a start element
 /// and an end element one past its last address (flagged `INTERVAL_END`), and a leading end
 /// element at the zero address opens the tree when the first range starts above it.
-fn interval_elements(family: IpFamily, set: &Set) -> Vec<(WireKey, WireElement)> {
+fn interval_elements(family: IpFamily, set: &Set, comments: &mut Comments) -> Vec<(WireKey, WireElement)> {
     let mut ranges: Vec<(u128, u128, &Element)> = set
         .elements
         .iter()
@@ -471,19 +513,19 @@ fn interval_elements(family: IpFamily, set: &Set) -> Vec<(WireKey, WireElement)>
     if let Some((start, _, _)) = ranges.first()
         && *start != 0
     {
-        out.push((WireKey { bytes: to_bytes(0), interval_end: true }, infra(&set.owner)));
+        out.push((WireKey::end(&to_bytes(0)), infra(&set.owner)));
     }
     for (start, end, element) in ranges {
-        out.push((WireKey { bytes: to_bytes(start), interval_end: false }, lower_element(element)));
+        out.push((WireKey::new(&to_bytes(start)), lower_element(element, comments)));
         if end < max {
-            out.push((WireKey { bytes: to_bytes(end + 1), interval_end: true }, infra(&element.owner)));
+            out.push((WireKey::end(&to_bytes(end + 1)), infra(&element.owner)));
         }
     }
     out
 }
 
 /// Encodes a key the way elements of `shape` are keyed (used to address single elements).
-pub fn encode_key(values: &[Value]) -> Vec<u8> {
+pub fn encode_key(values: &[Value]) -> Bytes {
     concat_bytes(values)
 }
 
@@ -500,7 +542,7 @@ mod tests {
     fn concatenated_keys_pad_each_field() {
         let key =
             encode_key(&[Value::Addr("172.30.0.41".parse().unwrap()), Value::Proto(L4Proto::Tcp), Value::Port(80)]);
-        assert_eq!(key, vec![172, 30, 0, 41, 6, 0, 0, 0, 0, 80, 0, 0]);
+        assert_eq!(key.as_slice(), [172, 30, 0, 41, 6, 0, 0, 0, 0, 80, 0, 0]);
     }
 
     #[test]
@@ -569,7 +611,7 @@ mod tests {
             set.insert(vec![Value::Prefix(p.parse().unwrap())], Element::key_only(owner()));
         }
         let wire = lower_set(&set);
-        let keys: Vec<(Vec<u8>, bool)> = wire.elements.keys().map(|k| (k.bytes.clone(), k.interval_end)).collect();
+        let keys: Vec<(Vec<u8>, bool)> = wire.elements.keys().map(|k| (k.bytes.to_vec(), k.interval_end)).collect();
         assert_eq!(
             keys,
             vec![

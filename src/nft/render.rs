@@ -65,7 +65,7 @@ fn write_set(f: &mut fmt::Formatter<'_>, set: &Set) -> fmt::Result {
         writeln!(f, "\t\tsize 65535")?;
         writeln!(f, "\t\tflags dynamic,timeout")?;
     }
-    if let SetShape::Prefixes(_) = set.shape {
+    if let SetShape::Prefixes(_) | SetShape::EndpointTargets(_) | SetShape::EndpointChains = set.shape {
         writeln!(f, "\t\tflags interval")?;
     }
     if let Some(t) = set.timeout_secs {
@@ -238,7 +238,8 @@ impl Display for Value {
             }
             Value::Proto(p) => f.write_str(p.name()),
             Value::Port(p) => write!(f, "{p}"),
-            Value::Index(i) => write!(f, "{i}"),
+            Value::IndexRange(lo, hi) if lo == hi => write!(f, "{lo}"),
+            Value::IndexRange(lo, hi) => write!(f, "{lo}-{hi}"),
             Value::Ifname(n) => write!(f, "{}", quoted(n)),
         }
     }
@@ -253,6 +254,19 @@ impl Display for Verdict {
             Verdict::Jump(c) => write!(f, "jump {c}"),
             Verdict::Goto(c) => write!(f, "goto {c}"),
         }
+    }
+}
+
+/// `numgen random mod N` with ` offset K` when K is not 0 (as nft prints it).
+struct Numgen(u32, u32);
+
+impl Display for Numgen {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "numgen random mod {}", self.0)?;
+        if self.1 != 0 {
+            write!(f, " offset {}", self.1)?;
+        }
+        Ok(())
     }
 }
 
@@ -275,8 +289,8 @@ impl Display for Stmt {
                 write!(f, "{} {op}@{set}", concat_selectors(key))
             }
             Stmt::Vmap { key, map } => write!(f, "{} vmap @{map}", concat_selectors(key)),
-            Stmt::NumgenVmap { modulus, map } => {
-                write!(f, "numgen random mod {modulus} vmap @{map}")
+            Stmt::NumgenVmap { modulus, offset, map } => {
+                write!(f, "{} vmap @{map}", Numgen(*modulus, *offset))
             }
             Stmt::MarkOr(bits) => write!(f, "meta mark set meta mark | {bits:#010x}"),
             Stmt::MarkXor(bits) => write!(f, "meta mark set meta mark ^ {bits:#010x}"),
@@ -286,8 +300,8 @@ impl Display for Stmt {
             Stmt::Reject(_) => f.write_str("reject"),
             Stmt::Dnat { addr: IpAddr::V4(a), port } => write!(f, "dnat to {a}:{port}"),
             Stmt::Dnat { addr: IpAddr::V6(a), port } => write!(f, "dnat to [{a}]:{port}"),
-            Stmt::DnatNumgenMap { family, modulus, map } => {
-                write!(f, "dnat {} to numgen random mod {modulus} map @{map}", family_keyword(*family))
+            Stmt::DnatNumgenMap { family, modulus, offset, map } => {
+                write!(f, "dnat {} to {} map @{map}", family_keyword(*family), Numgen(*modulus, *offset))
             }
             Stmt::Verdict(v) => write!(f, "{v}"),
         }

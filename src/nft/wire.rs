@@ -6,8 +6,10 @@
 //! sync can diff what the kernel has against what nftproxy wants, byte for byte.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 use indexmap::IndexMap;
+use smallvec::SmallVec;
 
 use super::ast::Owner;
 use crate::net::IpFamily;
@@ -49,6 +51,8 @@ pub mod consts {
 
     /// `NFT_NG_RANDOM`
     pub const NG_RANDOM: u32 = 1;
+    /// `NFT_BYTEORDER_HTON`
+    pub const BYTEORDER_HTON: u32 = 1;
     /// `NFT_FIB_RESULT_ADDRTYPE`
     pub const FIB_RESULT_ADDRTYPE: u32 = 3;
     /// `NFTA_FIB_F_SADDR`
@@ -176,6 +180,15 @@ pub enum LowExpr {
         kind: u32,
         offset: u32,
     },
+    /// `byteorder reg 1 = hton(reg 1, 4, 4)`: nft converts a numgen result to network order
+    /// before looking it up in an interval map (interval keys compare as big-endian bytes).
+    Byteorder {
+        sreg: u32,
+        dreg: u32,
+        op: u32,
+        len: u32,
+        size: u32,
+    },
     Fib {
         dreg: u32,
         result: u32,
@@ -266,10 +279,55 @@ impl WireChain {
 
 /// An element key: bytes, plus the interval-end flag (an interval set can hold the same bytes
 /// as both the end of one range and the start of the next).
-#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+///
+/// Keys order by bytes and, for equal bytes, the end before the start: the order in which the
+/// kernel accepts adjacent ranges of an interval set (the end of one range must exist before
+/// the next range can start at the same key).
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct WireKey {
-    pub bytes: Vec<u8>,
+    pub bytes: Bytes,
     pub interval_end: bool,
+}
+
+/// Key and data bytes: inline up to 24 bytes (every key and value but IPv6 address pairs), as
+/// a cluster's ruleset holds hundreds of thousands of them.
+pub type Bytes = SmallVec<[u8; 24]>;
+
+impl WireKey {
+    /// A start (or plain) key.
+    pub fn new(bytes: &[u8]) -> WireKey {
+        WireKey { bytes: Bytes::from_slice(bytes), interval_end: false }
+    }
+
+    /// An interval end key.
+    pub fn end(bytes: &[u8]) -> WireKey {
+        WireKey { bytes: Bytes::from_slice(bytes), interval_end: true }
+    }
+}
+
+impl Ord for WireKey {
+    fn cmp(&self, other: &WireKey) -> std::cmp::Ordering {
+        self.bytes.cmp(&other.bytes).then(other.interval_end.cmp(&self.interval_end))
+    }
+}
+
+impl PartialOrd for WireKey {
+    fn partial_cmp(&self, other: &WireKey) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+/// The numgen window of a key in an endpoint map (`numgen random mod 2^NUMGEN_WINDOW_BITS`
+/// per service port): an end element belongs to the range before it.
+pub const NUMGEN_WINDOW_BITS: u32 = 20;
+
+impl WireKey {
+    /// The window of a 4-byte big-endian numgen key, if it is one.
+    pub fn numgen_window(&self) -> Option<u32> {
+        let value = u32::from_be_bytes(<[u8; 4]>::try_from(self.bytes.as_slice()).ok()?);
+        let value = if self.interval_end { value.checked_sub(1)? } else { value };
+        Some(value >> NUMGEN_WINDOW_BITS)
+    }
 }
 
 /// What a map element maps to.
@@ -277,14 +335,15 @@ pub struct WireKey {
 pub enum WireData {
     None,
     Verdict { code: i32, chain: Option<String> },
-    Bytes(Vec<u8>),
+    Bytes(Bytes),
 }
 
 /// A set or map element.
 #[derive(Debug, Clone)]
 pub struct WireElement {
     pub data: WireData,
-    pub userdata: Option<Vec<u8>>,
+    /// The comment TLV; elements of one service port share one allocation.
+    pub userdata: Option<Arc<[u8]>>,
     pub owner: Owner,
 }
 
@@ -292,6 +351,18 @@ impl WireElement {
     /// Same data and comment.
     pub fn same_content(&self, other: &WireElement) -> bool {
         self.data == other.data && self.userdata == other.userdata
+    }
+}
+
+impl WireSetSpec {
+    /// Whether elements are ranges (start and end elements in the kernel's rbtree).
+    pub fn is_interval(&self) -> bool {
+        self.flags & consts::SET_INTERVAL != 0
+    }
+
+    /// Whether keys are numgen results (the endpoint maps).
+    pub fn is_numgen_interval_map(&self) -> bool {
+        self.is_interval() && self.key_type == consts::TYPE_INTEGER && self.key_len == 4
     }
 }
 

@@ -3,9 +3,11 @@
 //! The semantics are upstream kube-proxy's nftables mode; the shape is chosen for the kernel's
 //! cost (see the README's Performance section):
 //! - dispatch is one lookup in typed verdict maps (`service-ips`, `service-nodeports`);
-//! - a service port balances with `numgen random mod N` over a **named** map of its endpoints
-//!   (`dnat ip to numgen random mod N map @endpoints-…`), so an endpoint change is element
-//!   operations and the kernel never walks anonymous-set bindings; one endpoint is a plain DNAT;
+//! - a service port balances with `numgen random mod N offset K` over its block of indices in a
+//!   few shared **named** maps (`dnat ip to numgen random mod N offset K map @endpoints-0`; see
+//!   [`slots`] for why shards), so an endpoint change is element operations, and the kernel
+//!   neither walks anonymous-set bindings nor scans thousands of set names; one endpoint is a
+//!   plain DNAT;
 //! - per-endpoint chains exist only where they carry state: session affinity;
 //! - hairpin (a pod reaching itself through its service) is one set lookup in postrouting
 //!   instead of a rule per endpoint;
@@ -14,8 +16,9 @@
 
 pub mod endpoints;
 pub mod names;
+pub mod slots;
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
 
 use ipnet::IpNet;
@@ -26,6 +29,7 @@ use crate::net::IpFamily;
 use crate::nft::wire::udata::truncate_comment;
 use crate::nft::*;
 use endpoints::{NodeView, categorize};
+use slots::{MapKind, SlotTable};
 
 /// Names of the objects every nftproxy table has.
 pub mod objects {
@@ -121,46 +125,156 @@ pub struct Plan {
     pub conntrack: Vec<ConntrackTarget>,
 }
 
-/// Plans the whole ruleset.
-pub fn plan(input: &PlanInput<'_>) -> Plan {
+impl PlanStats {
+    /// Adds another plan's counts to these.
+    pub fn add(&mut self, other: &PlanStats) {
+        self.services += other.services;
+        self.service_ports += other.service_ports;
+        self.endpoints += other.endpoints;
+        self.no_endpoints += other.no_endpoints;
+        self.no_local_internal += other.no_local_internal;
+        self.no_local_external += other.no_local_external;
+    }
+}
+
+/// One service's share of the ruleset: per family, a partial table holding its own chains and
+/// sets and its elements of the shared sets and maps. The whole ruleset is the infrastructure
+/// with every service's fragments merged in ([`merge`]), so the reconciler can re-plan one
+/// service alone and the result is the same as planning everything.
+#[derive(Debug, Clone)]
+pub struct ServicePlan {
+    pub service: NamespacedName,
+    /// One partial table per family the plan has (empty where the service has no ClusterIP).
+    pub fragments: Vec<Table>,
+    pub stats: PlanStats,
+    pub health_check: Option<HealthCheck>,
+    pub conntrack: Vec<ConntrackTarget>,
+}
+
+/// Plans the whole ruleset. `slots` remembers where each service port's endpoints sit in the
+/// shared endpoint maps; pass the same table to every plan of one kernel (a fresh one for a
+/// kernel without nftproxy's tables, or one seeded by [`SlotTable::from_kernel`]).
+pub fn plan(input: &PlanInput<'_>, slots: &mut SlotTable) -> Plan {
     let mut out = Plan::default();
+    let families = families(input);
+    out.ruleset.tables = plan_infrastructure(input, &families);
+    slots.begin();
+    for service in input.state.services() {
+        let planned = plan_service(input, &families, service, slots);
+        for (table, fragment) in out.ruleset.tables.iter_mut().zip(planned.fragments) {
+            merge(table, fragment);
+        }
+        out.stats.add(&planned.stats);
+        out.health_checks.extend(planned.health_check);
+        out.conntrack.extend(planned.conntrack);
+    }
+    slots.finish();
+    for table in &mut out.ruleset.tables {
+        order_sets(table);
+    }
+    out
+}
+
+/// The fixed part of each family's table: base chains, dispatch maps, masquerade plumbing.
+pub fn plan_infrastructure(input: &PlanInput<'_>, families: &[IpFamily]) -> Vec<Table> {
+    families.iter().map(|f| infrastructure(*f, input)).collect()
+}
+
+/// Plans one service in each of `families` (as [`families`] returned them).
+pub fn plan_service(
+    input: &PlanInput<'_>,
+    families: &[IpFamily],
+    service: &crate::model::ServiceInfo,
+    slots: &mut SlotTable,
+) -> ServicePlan {
     let node_name = input.config.hostname.as_str();
     let zone = input.state.node().and_then(|n| n.zone());
     let node = NodeView { name: node_name, zone };
-    for family in families(input) {
-        let table = plan_family(family, input, &node, &mut out);
-        out.ruleset.tables.push(table);
+    let mut out = ServicePlan {
+        service: service.name.clone(),
+        fragments: Vec::with_capacity(families.len()),
+        stats: PlanStats { services: 1, ..PlanStats::default() },
+        health_check: health_check(input.state, service, node_name),
+        conntrack: Vec::new(),
+    };
+    for &family in families {
+        let mut fragment = Table::new(family, &input.config.table, None);
+        let mut hairpins: BTreeMap<IpAddr, Owner> = BTreeMap::new();
+        for sp in &service.ports {
+            let Some(cluster_ip) = sp.cluster_ip(family) else { continue };
+            let endpoints = input.state.endpoints(&sp.name, family);
+            let port_plan = ServicePortPlan { family, sp, cluster_ip, input, node: &node };
+            let used = port_plan.write(&endpoints, &mut fragment, slots, &mut out);
+            for e in used {
+                hairpins.entry(e.ip).or_insert_with(|| Owner::new(sp.name.to_string()));
+            }
+        }
+        for (ip, owner) in hairpins {
+            shared(&mut fragment, HAIRPIN).insert(vec![Value::Addr(ip), Value::Addr(ip)], Element::key_only(owner));
+        }
+        out.fragments.push(fragment);
     }
-    out.stats.services = input.state.service_count();
-    out.health_checks = health_checks(input.state, node_name);
     out
 }
 
-/// One health check per Local-policy LoadBalancer service: the number of distinct local ready
+/// Merges a service's fragment into a table. Sets and maps the table has (the shared ones)
+/// gain the fragment's elements; where two services claim the same key (conflicting input),
+/// the element merged first stays, so the result depends only on the services' order.
+pub fn merge(table: &mut Table, fragment: Table) {
+    for (name, set) in fragment.sets {
+        match table.sets.get_mut(&name) {
+            Some(have) => {
+                for (key, element) in set.elements {
+                    have.elements.entry(key).or_insert(element);
+                }
+            }
+            None => {
+                table.sets.insert(name, set);
+            }
+        }
+    }
+    for (name, chain) in fragment.chains {
+        table.chains.entry(name).or_insert(chain);
+    }
+}
+
+/// Where a set goes in the table: shared sets first, then the endpoint maps in shard order,
+/// then per-service sets. The kernel finds a set by scanning the table's sets in creation
+/// order, so the sets most rules refer to go first.
+pub fn set_rank(name: &str, infrastructure: bool) -> (u8, Option<(MapKind, u32)>) {
+    match MapKind::parse(name) {
+        Some(shard) => (1, Some(shard)),
+        None if infrastructure => (0, None),
+        None => (2, None),
+    }
+}
+
+/// Orders a merged table's sets by [`set_rank`] (a stable sort: planning order otherwise).
+pub fn order_sets(table: &mut Table) {
+    table.sets.sort_by(|a, x, b, y| {
+        set_rank(a, x.owner.is_infrastructure()).cmp(&set_rank(b, y.owner.is_infrastructure()))
+    });
+}
+
+/// The health check of a Local-policy LoadBalancer service: the number of distinct local ready
 /// endpoint IPs over all its ports (upstream counts 10.0.0.1:80 and 10.0.0.1:443 as one), in
 /// the service's primary family. Terminating endpoints do not count: a node with only those
 /// should fail the check.
-fn health_checks(state: &ClusterState, node_name: &str) -> Vec<HealthCheck> {
-    let mut out = Vec::new();
-    for service in state.services() {
-        let Some(port) = service.ports.iter().find_map(|p| p.health_check_node_port) else { continue };
-        let Some(family) = service.ports.first().and_then(|p| p.cluster_ips.first()).map(IpFamily::of) else {
-            continue;
-        };
-        let ips: BTreeSet<IpAddr> = service
-            .ports
-            .iter()
-            .flat_map(|sp| state.endpoints(&sp.name, family))
-            .filter(|e| e.ready && e.node_name.as_deref() == Some(node_name))
-            .map(|e| e.ip)
-            .collect();
-        out.push(HealthCheck { service: service.name.clone(), port, local_endpoints: ips.len() });
-    }
-    out
+fn health_check(state: &ClusterState, service: &crate::model::ServiceInfo, node_name: &str) -> Option<HealthCheck> {
+    let port = service.ports.iter().find_map(|p| p.health_check_node_port)?;
+    let family = service.ports.first().and_then(|p| p.cluster_ips.first()).map(IpFamily::of)?;
+    let ips: BTreeSet<IpAddr> = service
+        .ports
+        .iter()
+        .flat_map(|sp| state.endpoints(&sp.name, family))
+        .filter(|e| e.ready && e.node_name.as_deref() == Some(node_name))
+        .map(|e| e.ip)
+        .collect();
+    Some(HealthCheck { service: service.name.clone(), port, local_endpoints: ips.len() })
 }
 
 /// IPv4 always; IPv6 when anything in the cluster or the configuration uses it.
-fn families(input: &PlanInput<'_>) -> Vec<IpFamily> {
+pub fn families(input: &PlanInput<'_>) -> Vec<IpFamily> {
     let v6 = input.config.cluster_cidrs.iter().any(|c| IpFamily::of_net(c) == IpFamily::V6)
         || input.state.services().any(|s| s.ports.iter().any(|p| p.cluster_ip(IpFamily::V6).is_some()))
         || input.state.node().is_some_and(|n| n.internal_ips.iter().any(|ip| ip.is_ipv6()));
@@ -190,36 +304,17 @@ fn lookup(sel: Selector, set: &str) -> Stmt {
 /// The statement matching traffic from pods (or, negated, from anything else), per detect-local
 /// mode; `None` when pods cannot be told apart (then nothing is masqueraded for it and no
 /// short-circuit applies, as upstream).
-fn local_match(family: IpFamily, input: &PlanInput<'_>, negate: bool, table: &mut Table) -> Option<Stmt> {
+fn local_match(family: IpFamily, input: &PlanInput<'_>, negate: bool) -> Option<Stmt> {
     let op = if negate { CmpOp::Ne } else { CmpOp::Eq };
-    let cidr_match = |cidrs: Vec<IpNet>, table: &mut Table| -> Option<Stmt> {
-        match cidrs.as_slice() {
+    match &input.config.detect_local {
+        DetectLocal::ClusterCidr | DetectLocal::NodeCidr => match local_cidrs(family, input).as_slice() {
             [] => None,
             [one] if one.prefix_len() == 0 => None,
             [one] => Some(Stmt::Cmp { sel: Selector::Saddr(family), op, value: Value::Prefix(*one) }),
-            many => {
-                // Several ranges (a node with several pod CIDRs of one family): a named
-                // interval set, never an anonymous one.
-                let mut set = Set::new(CLUSTER_CIDRS, SetShape::Prefixes(family), Owner::infrastructure())
-                    .with_comment("pod ranges (detect-local)");
-                for net in IpNet::aggregate(&many.to_vec()) {
-                    set.insert(vec![Value::Prefix(net)], Element::key_only(Owner::infrastructure()));
-                }
-                table.add_set(set);
-                Some(Stmt::Lookup { key: vec![Selector::Saddr(family)], set: CLUSTER_CIDRS.to_string(), negate })
-            }
-        }
-    };
-    match &input.config.detect_local {
-        DetectLocal::ClusterCidr => cidr_match(input.config.cluster_cidr(family).into_iter().collect(), table),
-        DetectLocal::NodeCidr => {
-            let cidrs = input
-                .state
-                .node()
-                .map(|n| n.pod_cidrs.iter().copied().filter(|c| IpFamily::of_net(c) == family).collect())
-                .unwrap_or_default();
-            cidr_match(cidrs, table)
-        }
+            // Several ranges (a node with several pod CIDRs of one family): the named interval
+            // set the infrastructure holds, never an anonymous one.
+            _ => Some(Stmt::Lookup { key: vec![Selector::Saddr(family)], set: CLUSTER_CIDRS.to_string(), negate }),
+        },
         DetectLocal::BridgeInterface(bridge) => {
             Some(Stmt::Cmp { sel: Selector::Iifname, op, value: Value::Ifname(bridge.clone()) })
         }
@@ -227,6 +322,44 @@ fn local_match(family: IpFamily, input: &PlanInput<'_>, negate: bool, table: &mu
             Some(Stmt::Cmp { sel: Selector::Iifname, op, value: Value::Ifname(format!("{prefix}*")) })
         }
     }
+}
+
+/// The pod ranges of one family for the CIDR-based detect-local modes.
+fn local_cidrs(family: IpFamily, input: &PlanInput<'_>) -> Vec<IpNet> {
+    match &input.config.detect_local {
+        DetectLocal::ClusterCidr => input.config.cluster_cidr(family).into_iter().collect(),
+        DetectLocal::NodeCidr => input
+            .state
+            .node()
+            .map(|n| n.pod_cidrs.iter().copied().filter(|c| IpFamily::of_net(c) == family).collect())
+            .unwrap_or_default(),
+        DetectLocal::BridgeInterface(_) | DetectLocal::InterfaceNamePrefix(_) => Vec::new(),
+    }
+}
+
+/// An empty shared set or map: one every service port may add elements to.
+fn shared_set(family: IpFamily, name: &str) -> Set {
+    let infra = Owner::infrastructure();
+    let (shape, comment) = match name {
+        CLUSTER_IPS => (SetShape::Addresses(family), "Active ClusterIPs"),
+        FIREWALL_IPS => (SetShape::ServiceVerdicts(family), "destinations that are subject to LoadBalancerSourceRanges"),
+        NO_ENDPOINT_NODEPORTS => {
+            (SetShape::PortVerdicts, "vmap to drop or reject packets to service nodeports with no endpoints")
+        }
+        NO_ENDPOINT_SERVICES => {
+            (SetShape::ServiceVerdicts(family), "vmap to drop or reject packets to services with no endpoints")
+        }
+        SERVICE_IPS => (SetShape::ServiceVerdicts(family), "ClusterIP, ExternalIP and LoadBalancer IP traffic"),
+        SERVICE_NODEPORTS => (SetShape::PortVerdicts, "NodePort traffic"),
+        _ => (SetShape::AddressPairs(family), "endpoints reaching themselves through a service (masqueraded)"),
+    };
+    Set::new(name, shape, infra).with_comment(comment)
+}
+
+/// The shared set `name` of a fragment, created on first use.
+fn shared<'t>(table: &'t mut Table, name: &str) -> &'t mut Set {
+    let family = table.family;
+    table.sets.entry(name.to_string()).or_insert_with(|| shared_set(family, name))
 }
 
 fn not_localhost(family: IpFamily) -> Stmt {
@@ -245,7 +378,7 @@ fn infrastructure(family: IpFamily, input: &PlanInput<'_>) -> Table {
     let mut t = Table::new(family, &cfg.table, Some("rules for nftproxy"));
     let match_all_nodeports = matches!(input.nodeports(family), NodePorts::MatchAll);
 
-    t.add_set(Set::new(CLUSTER_IPS, SetShape::Addresses(family), infra()).with_comment("Active ClusterIPs"));
+    t.add_set(shared_set(family, CLUSTER_IPS));
     if let NodePorts::Addresses(ips) = input.nodeports(family) {
         let mut set = Set::new(NODEPORT_IPS, SetShape::Addresses(family), infra())
             .with_comment("IPs that accept NodePort traffic");
@@ -254,28 +387,17 @@ fn infrastructure(family: IpFamily, input: &PlanInput<'_>) -> Table {
         }
         t.add_set(set);
     }
-    let maps = [
-        (FIREWALL_IPS, SetShape::ServiceVerdicts(family), "destinations that are subject to LoadBalancerSourceRanges"),
-        (
-            NO_ENDPOINT_NODEPORTS,
-            SetShape::PortVerdicts,
-            "vmap to drop or reject packets to service nodeports with no endpoints",
-        ),
-        (
-            NO_ENDPOINT_SERVICES,
-            SetShape::ServiceVerdicts(family),
-            "vmap to drop or reject packets to services with no endpoints",
-        ),
-        (SERVICE_IPS, SetShape::ServiceVerdicts(family), "ClusterIP, ExternalIP and LoadBalancer IP traffic"),
-        (SERVICE_NODEPORTS, SetShape::PortVerdicts, "NodePort traffic"),
-    ];
-    for (name, shape, comment) in maps {
-        t.add_set(Set::new(name, shape, infra()).with_comment(comment));
+    for name in [FIREWALL_IPS, NO_ENDPOINT_NODEPORTS, NO_ENDPOINT_SERVICES, SERVICE_IPS, SERVICE_NODEPORTS, HAIRPIN] {
+        t.add_set(shared_set(family, name));
     }
-    t.add_set(
-        Set::new(HAIRPIN, SetShape::AddressPairs(family), infra())
-            .with_comment("endpoints reaching themselves through a service (masqueraded)"),
-    );
+    let cidrs = local_cidrs(family, input);
+    if cidrs.len() > 1 {
+        let mut set = Set::new(CLUSTER_CIDRS, SetShape::Prefixes(family), infra()).with_comment("pod ranges (detect-local)");
+        for net in IpNet::aggregate(&cidrs) {
+            set.insert(vec![Value::Prefix(net)], Element::key_only(infra()));
+        }
+        t.add_set(set);
+    }
 
     let base = |name: &str, chain_type, hook, priority| Chain::base(name, BaseHook { chain_type, hook, priority });
     let new = || Stmt::CtStateNew;
@@ -359,7 +481,7 @@ fn infrastructure(family: IpFamily, input: &PlanInput<'_>) -> Table {
     let masq = if cfg.masquerade_all {
         Some(Rule::new(vec![lookup(Selector::Daddr(family), CLUSTER_IPS), jump(MARK_FOR_MASQUERADE)]))
     } else {
-        local_match(family, input, true, &mut t).map(|not_local| {
+        local_match(family, input, true).map(|not_local| {
             Rule::new(vec![lookup(Selector::Daddr(family), CLUSTER_IPS), not_local, jump(MARK_FOR_MASQUERADE)])
         })
     };
@@ -377,23 +499,18 @@ fn infrastructure(family: IpFamily, input: &PlanInput<'_>) -> Table {
     t
 }
 
-fn plan_family(family: IpFamily, input: &PlanInput<'_>, node: &NodeView<'_>, out: &mut Plan) -> Table {
-    let mut table = infrastructure(family, input);
-    let mut hairpins: BTreeSet<IpAddr> = BTreeSet::new();
-    for service in input.state.services() {
-        for sp in &service.ports {
-            let Some(cluster_ip) = sp.cluster_ip(family) else { continue };
-            let endpoints = input.state.endpoints(&sp.name, family);
-            let used = ServicePortPlan { family, sp, cluster_ip, input, node }.write(&endpoints, &mut table, out);
-            hairpins.extend(used.iter().map(|e| e.ip));
-        }
-    }
-    if let Some(set) = table.sets.get_mut(HAIRPIN) {
-        for ip in hairpins {
-            set.insert(vec![Value::Addr(ip), Value::Addr(ip)], Element::key_only(Owner::infrastructure()));
-        }
-    }
-    table
+/// The shared endpoint map `kind` number `shard`, created on first use.
+fn endpoint_map(table: &mut Table, family: IpFamily, kind: MapKind, shard: u32) -> &mut Set {
+    let name = kind.map_name(shard);
+    table.sets.entry(name.clone()).or_insert_with(|| {
+        let (shape, comment) = match kind {
+            MapKind::Targets => (SetShape::EndpointTargets(family), "service port endpoints: a numgen window per port, a range per endpoint"),
+            MapKind::Chains => {
+                (SetShape::EndpointChains, "endpoint chains of service ports with session affinity: a window per port")
+            }
+        };
+        Set::new(name, shape, Owner::infrastructure()).with_comment(comment)
+    })
 }
 
 /// Planning of one service port in one family.
@@ -407,7 +524,13 @@ struct ServicePortPlan<'a> {
 
 impl ServicePortPlan<'_> {
     /// Writes the service port's objects into `table`; returns the endpoints it DNATs to.
-    fn write(&self, endpoints: &[Endpoint], table: &mut Table, out: &mut Plan) -> Vec<Endpoint> {
+    fn write(
+        &self,
+        endpoints: &[Endpoint],
+        table: &mut Table,
+        slots: &mut SlotTable,
+        out: &mut ServicePlan,
+    ) -> Vec<Endpoint> {
         let sp = self.sp;
         let family = self.family;
         let owner = Owner::new(sp.name.to_string());
@@ -447,9 +570,7 @@ impl ServicePortPlan<'_> {
         let port = Value::Port(sp.port);
         let element = |verdict: Verdict| Element::verdict(verdict, owner.clone()).with_comment(comment.clone());
         let add = |table: &mut Table, set: &str, key: Vec<Value>, element: Element| {
-            if let Some(s) = table.sets.get_mut(set) {
-                s.insert(key, element);
-            }
+            shared(table, set).insert(key, element);
         };
 
         // ClusterIP
@@ -530,31 +651,17 @@ impl ServicePortPlan<'_> {
         // Policy chains first, so the external chain's gotos point at existing names.
         let affinity = sp.session_affinity_secs;
         if uses_cluster_chain {
-            self.write_policy_chain(
-                table,
-                &cluster_chain,
-                &format!("endpoints-{base}"),
-                &cat.cluster,
-                &owner,
-                &comment,
-            );
+            self.write_policy_chain(table, slots, &cluster_chain, &cat.cluster, &owner, &comment);
         }
         if uses_local_chain {
-            self.write_policy_chain(
-                table,
-                &local_chain,
-                &format!("local-endpoints-{base}"),
-                &cat.local,
-                &owner,
-                &comment,
-            );
+            self.write_policy_chain(table, slots, &local_chain, &cat.local, &owner, &comment);
         }
         if uses_external_chain {
             let mut ext = Chain::regular(&external_chain, owner.clone());
             if !external_local {
                 ext.push(Rule::new(vec![jump(MARK_FOR_MASQUERADE)]));
             } else {
-                if let Some(pods) = local_match(family, self.input, false, table) {
+                if let Some(pods) = local_match(family, self.input, false) {
                     ext.push(Rule::new(vec![pods, goto(&cluster_chain)]).with_comment("short-circuit pod traffic"));
                 }
                 ext.push(
@@ -610,14 +717,14 @@ impl ServicePortPlan<'_> {
         ]
     }
 
-    /// A chain balancing over `endpoints`: a plain DNAT for one, a numgen DNAT map for more;
-    /// with ClientIP affinity, lookups of the affinity sets first and endpoint chains behind a
-    /// numgen verdict map.
+    /// A chain balancing over `endpoints`: a plain DNAT for one, numgen over a block of the
+    /// shared DNAT map for more; with ClientIP affinity, lookups of the affinity sets first and
+    /// endpoint chains behind a block of the shared verdict map.
     fn write_policy_chain(
         &self,
         table: &mut Table,
+        slots: &mut SlotTable,
         chain_name: &str,
-        map_name: &str,
         endpoints: &[Endpoint],
         owner: &Owner,
         comment: &str,
@@ -635,35 +742,37 @@ impl ServicePortPlan<'_> {
             if n == 1 {
                 chain.push(Rule::new(vec![goto(&chains[0])]).with_comment(comment));
             } else {
-                let mut map = Set::new(map_name, SetShape::EndpointChains, owner.clone());
-                for (i, ep_chain) in chains.iter().enumerate() {
-                    let idx = u32::try_from(i).unwrap_or(u32::MAX);
+                let slot = slots.place(family, MapKind::Chains, chain_name, n);
+                let map = endpoint_map(table, family, MapKind::Chains, slot.shard);
+                for ((lo, hi), ep_chain) in slots::ranges(slot.offset, n).into_iter().zip(&chains) {
                     map.insert(
-                        vec![Value::Index(idx)],
-                        Element::verdict(Verdict::Goto(ep_chain.clone()), owner.clone()),
+                        vec![Value::IndexRange(lo, hi)],
+                        Element::verdict(Verdict::Goto(ep_chain.clone()), owner.clone()).with_comment(comment),
                     );
                 }
-                table.add_set(map);
+                let map = map.name.clone();
                 chain.push(
-                    Rule::new(vec![Stmt::NumgenVmap { modulus: n, map: map_name.to_string() }]).with_comment(comment),
+                    Rule::new(vec![Stmt::NumgenVmap { modulus: slots::WINDOW, offset: slot.offset, map }])
+                        .with_comment(comment),
                 );
             }
         } else if n == 1 {
             chain.push(Rule::new(self.dnat_to(&endpoints[0])).with_comment(comment));
         } else {
-            let mut map = Set::new(map_name, SetShape::EndpointTargets(family), owner.clone());
-            for (i, ep) in endpoints.iter().enumerate() {
-                let idx = u32::try_from(i).unwrap_or(u32::MAX);
+            let slot = slots.place(family, MapKind::Targets, chain_name, n);
+            let map = endpoint_map(table, family, MapKind::Targets, slot.shard);
+            for ((lo, hi), ep) in slots::ranges(slot.offset, n).into_iter().zip(endpoints) {
                 map.insert(
-                    vec![Value::Index(idx)],
-                    Element::values(vec![Value::Addr(ep.ip), Value::Port(ep.port)], owner.clone()),
+                    vec![Value::IndexRange(lo, hi)],
+                    Element::values(vec![Value::Addr(ep.ip), Value::Port(ep.port)], owner.clone())
+                        .with_comment(comment),
                 );
             }
-            table.add_set(map);
+            let map = map.name.clone();
             chain.push(
                 Rule::new(vec![
                     Stmt::Cmp { sel: Selector::L4Proto, op: CmpOp::Eq, value: Value::Proto(self.sp.name.protocol) },
-                    Stmt::DnatNumgenMap { family, modulus: n, map: map_name.to_string() },
+                    Stmt::DnatNumgenMap { family, modulus: slots::WINDOW, offset: slot.offset, map },
                 ])
                 .with_comment(comment),
             );

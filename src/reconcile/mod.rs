@@ -6,6 +6,7 @@
 //! instead, so anything that drifted (a flushed chain, a deleted element, a deleted table) is
 //! repaired in the same single transaction.
 
+pub mod programmed;
 pub mod runner;
 
 use std::collections::{BTreeSet, HashSet};
@@ -16,14 +17,16 @@ use thiserror::Error;
 use tracing::{debug, info, info_span, warn};
 
 use crate::config::ProxyConfig;
-use crate::model::{ClusterState, NamespacedName, NodeInfo, Problem, convert};
+use crate::model::{ClusterState, EndpointSliceInfo, NamespacedName, NodeInfo, Problem, ServiceInfo, convert};
 use crate::net::IpFamily;
 use crate::netlink::{ApplyStats, Netfilter, NetlinkError};
-use crate::nft::diff::{Transaction, diff};
-use crate::nft::lower::lower_ruleset;
+use crate::nft::diff::{Transaction, diff, diff_into};
+use crate::nft::lower::{lower_ruleset, lower_table};
 use crate::nft::wire::WireRuleset;
 use crate::nodeaddr::NodePortTargets;
-use crate::plan::{HealthCheck, Plan, PlanInput, plan};
+use crate::plan::slots::SlotTable;
+use crate::plan::{self, ConntrackTarget, HealthCheck, Plan, PlanInput, PlanStats, plan};
+use programmed::{Programmed, ProgrammedService};
 use crate::source::{Event, Kind};
 
 /// Errors of a sync.
@@ -31,6 +34,8 @@ use crate::source::{Event, Kind};
 pub enum SyncError {
     #[error(transparent)]
     Netlink(#[from] NetlinkError),
+    #[error("internal error: {0}")]
+    Internal(&'static str),
 }
 
 /// Why a sync runs (logged, and a metric label).
@@ -79,29 +84,38 @@ pub fn table_names(config: &ProxyConfig) -> Vec<(IpFamily, &str)> {
     IpFamily::ALL.iter().map(|f| (*f, config.table.as_str())).collect()
 }
 
-/// Reads nftproxy's tables, diffs them with the plan and applies the difference as one
-/// transaction (the one-shot `sync`). Tables of a family the plan no longer has are deleted.
-pub fn sync_with_kernel(nf: &mut dyn Netfilter, config: &ProxyConfig, plan: &Plan) -> Result<SyncReport, SyncError> {
+/// Reads nftproxy's tables, plans with the endpoint blocks found there, diffs and applies the
+/// difference as one transaction (the one-shot `sync`). Tables of a family the plan no longer
+/// has are deleted.
+pub fn sync_with_kernel(
+    nf: &mut dyn Netfilter,
+    config: &ProxyConfig,
+    make_plan: impl FnOnce(&mut SlotTable) -> Plan,
+) -> Result<(Plan, SyncReport), SyncError> {
     let started = Instant::now();
     let current = nf.read(&table_names(config))?;
     let read = started.elapsed();
+    let planning = Instant::now();
+    let plan = make_plan(&mut SlotTable::from_kernel(&current));
+    let plan_time = planning.elapsed();
     let diffed = Instant::now();
     let desired = lower_ruleset(&plan.ruleset);
-    let transaction = diff(&current, &desired);
+    let transaction = diff_into(&current, desired);
     let diff_time = diffed.elapsed();
     let apply = nf.apply(&transaction)?;
-    Ok(SyncReport {
+    let report = SyncReport {
         reason: SyncReason::Startup,
         full: true,
         transaction,
         apply,
         drift_repairs: 0,
         services_changed: plan.stats.services,
-        plan: Duration::ZERO,
+        plan: plan_time,
         read,
         diff: diff_time,
         total: started.elapsed(),
-    })
+    };
+    Ok((plan, report))
 }
 
 /// Deletes nftproxy's tables (and nothing else). Returns how many there were.
@@ -132,7 +146,9 @@ pub struct Synced {
     /// Where NodePorts (and health-check servers) listen.
     pub nodeports: NodePortTargets,
     pub health_checks: Vec<HealthCheck>,
-    pub plan: Plan,
+    /// UDP and SCTP service ports and their endpoints (empty when conntrack cleanup is off).
+    pub conntrack: Vec<ConntrackTarget>,
+    pub stats: PlanStats,
     pub report: SyncReport,
 }
 
@@ -145,7 +161,12 @@ pub struct Reconciler {
     pending: BTreeSet<NamespacedName>,
     node_changed: bool,
     synced_kinds: HashSet<Kind>,
-    applied: Option<WireRuleset>,
+    /// What the last successful sync programmed (`None` before it, and after a failure).
+    programmed: Option<Programmed>,
+    /// Node-port addresses the programmed state was planned with.
+    targets: Option<NodePortTargets>,
+    /// Where each service port's endpoints sit in the shared maps (kept across syncs).
+    slots: SlotTable,
     needs_full: bool,
     problems: Vec<Problem>,
     changes: Changes,
@@ -171,7 +192,9 @@ impl Reconciler {
             pending: BTreeSet::new(),
             node_changed: false,
             synced_kinds: HashSet::new(),
-            applied: None,
+            programmed: None,
+            targets: None,
+            slots: SlotTable::new(),
             needs_full: true,
             problems: Vec::new(),
             changes: Changes::default(),
@@ -201,7 +224,7 @@ impl Reconciler {
 
     /// Whether the next sync must be full.
     pub fn needs_full(&self) -> bool {
-        self.needs_full || self.applied.is_none()
+        self.needs_full || self.programmed.is_none()
     }
 
     /// Asks for a full sync next time.
@@ -232,7 +255,7 @@ impl Reconciler {
     }
 
     /// Replaces the state, recording which services changed and how.
-    fn replace_state(&mut self, new: ClusterState) {
+    pub fn replace_state(&mut self, new: ClusterState) {
         let (services, endpoints) = self.state.changes(&new);
         self.changes.services += services.len() as u64;
         self.changes.endpoints += endpoints.len() as u64;
@@ -302,21 +325,12 @@ impl Reconciler {
                 );
                 let converted = convert::service(&svc);
                 self.report(converted.problems);
-                let changed = match converted.value {
-                    Some(info) => self.state.upsert_service(info),
-                    None => self.state.remove_service(&name),
-                };
-                if changed {
-                    self.changes.services += 1;
-                    self.pending.insert(name);
+                match converted.value {
+                    Some(info) => self.upsert_service(info),
+                    None => self.remove_service(&name),
                 }
             }
-            Event::ServiceDeleted(name) => {
-                if self.state.remove_service(&name) {
-                    self.changes.services += 1;
-                    self.pending.insert(name);
-                }
-            }
+            Event::ServiceDeleted(name) => self.remove_service(&name),
             Event::SliceApplied(slice) => {
                 let name = NamespacedName::new(
                     slice.metadata.namespace.clone().unwrap_or_else(|| "default".into()),
@@ -324,23 +338,12 @@ impl Reconciler {
                 );
                 let converted = convert::endpoint_slice(&slice);
                 self.report(converted.problems);
-                let trigger = converted.value.as_ref().and_then(|i| i.trigger_time.as_deref()).and_then(parse_time);
-                let changed: Vec<NamespacedName> = match converted.value {
-                    Some(info) => self.state.upsert_slice(info),
-                    None => self.state.remove_slice(&name).into_iter().collect(),
-                };
-                if !changed.is_empty() {
-                    self.changes.endpoints += 1;
-                    self.changes.trigger_times.extend(trigger);
-                }
-                self.pending.extend(changed);
-            }
-            Event::SliceDeleted(name) => {
-                if let Some(service) = self.state.remove_slice(&name) {
-                    self.changes.endpoints += 1;
-                    self.pending.insert(service);
+                match converted.value {
+                    Some(info) => self.upsert_slice(info),
+                    None => self.remove_slice(&name),
                 }
             }
+            Event::SliceDeleted(name) => self.remove_slice(&name),
             Event::NodeApplied(node) => {
                 if node.metadata.name.as_deref() != Some(self.config.hostname.as_str()) {
                     return;
@@ -362,7 +365,48 @@ impl Reconciler {
         }
     }
 
+    /// Adds or replaces a Service (already validated).
+    pub fn upsert_service(&mut self, info: ServiceInfo) {
+        let name = info.name.clone();
+        if self.state.upsert_service(info) {
+            self.changes.services += 1;
+            self.pending.insert(name);
+        }
+    }
+
+    /// Removes a Service.
+    pub fn remove_service(&mut self, name: &NamespacedName) {
+        if self.state.remove_service(name) {
+            self.changes.services += 1;
+            self.pending.insert(name.clone());
+        }
+    }
+
+    /// Adds or replaces an EndpointSlice (already validated).
+    pub fn upsert_slice(&mut self, info: EndpointSliceInfo) {
+        let trigger = info.trigger_time.as_deref().and_then(parse_time);
+        let changed = self.state.upsert_slice(info);
+        if !changed.is_empty() {
+            self.changes.endpoints += 1;
+            self.changes.trigger_times.extend(trigger);
+        }
+        self.pending.extend(changed);
+    }
+
+    /// Removes an EndpointSlice.
+    pub fn remove_slice(&mut self, name: &NamespacedName) {
+        if let Some(service) = self.state.remove_slice(name) {
+            self.changes.endpoints += 1;
+            self.pending.insert(service);
+        }
+    }
+
     /// Plans and applies. `full` forces a read-back of the kernel's tables.
+    ///
+    /// Only services with pending changes are planned again, unless something every service
+    /// depends on changed (the node, node-port addresses, the IP families in use) or nothing
+    /// is programmed yet; the transaction holds only their difference, or on a full sync
+    /// everything that differs from what the kernel holds.
     pub fn sync(&mut self, reason: SyncReason, full: bool) -> Result<Synced, SyncError> {
         let full = full || self.needs_full();
         let span = info_span!("sync", %reason, full);
@@ -370,21 +414,11 @@ impl Reconciler {
         let started = Instant::now();
         let services_changed = self.pending.len();
 
-        let targets = (self.nodeports)(&self.config, self.state.node());
-        let planned = plan(&PlanInput {
-            config: &self.config,
-            state: &self.state,
-            nodeports_v4: &targets.v4,
-            nodeports_v6: &targets.v6,
-        });
-        let plan_time = started.elapsed();
-
+        // A full sync reads the kernel first. With nothing programmed (a start, or after a
+        // failure) the endpoint blocks found there seed the plan, so a restart changes nothing
+        // that did not change.
         let mut read = Duration::ZERO;
-        let mut drift_repairs = 0;
-        let diffed = Instant::now();
-        let desired = lower_ruleset(&planned.ruleset);
-        let transaction = if full {
-            let reading = Instant::now();
+        let kernel = if full {
             let kernel = match self.nf.read(&table_names(&self.config)) {
                 Ok(k) => k,
                 Err(e) => {
@@ -392,24 +426,103 @@ impl Reconciler {
                     return Err(e.into());
                 }
             };
-            read = reading.elapsed();
-            if let Some(applied) = &self.applied {
-                // What the kernel lost or gained behind our back, measured against what we
-                // last applied (not against the new plan, which also holds the changes).
-                drift_repairs = diff(&kernel, applied).ops.len();
+            read = started.elapsed();
+            if self.programmed.is_none() {
+                self.slots = SlotTable::from_kernel(&kernel);
             }
-            diff(&kernel, &desired)
+            Some(kernel)
         } else {
-            diff(self.applied.as_ref().unwrap_or(&WireRuleset::default()), &desired)
+            None
         };
-        let diff_time = diffed.elapsed() - read;
 
+        let planning = Instant::now();
+        // Node-port addresses come from the interfaces (a netlink dump, slow right after a
+        // commit): read them on full syncs and node changes; partial syncs reuse them.
+        let targets = match &self.targets {
+            Some(t) if !full && !self.node_changed => t.clone(),
+            _ => (self.nodeports)(&self.config, self.state.node()),
+        };
+        let input =
+            PlanInput { config: &self.config, state: &self.state, nodeports_v4: &targets.v4, nodeports_v6: &targets.v6 };
+        let families = plan::families(&input);
+        let replan_all = match &self.programmed {
+            None => true,
+            Some(p) => self.node_changed || p.families() != families.as_slice() || self.targets.as_ref() != Some(&targets),
+        };
+        let mut drift_repairs = 0;
+        let mut diff_time = Duration::ZERO;
+        let (transaction, planned_services) = if replan_all {
+            let old = self.programmed.take();
+            self.slots.begin();
+            let infrastructure = plan::plan_infrastructure(&input, &families).iter().map(lower_table).collect();
+            let services: Vec<(NamespacedName, ProgrammedService)> = self
+                .state
+                .services()
+                .map(|svc| ProgrammedService::lower(plan::plan_service(&input, &families, svc, &mut self.slots)))
+                .collect();
+            self.slots.finish();
+            let planned = services.len();
+            let programmed = Programmed::new(families, infrastructure, services);
+            let diffing = Instant::now();
+            let tx = match &kernel {
+                Some(kernel) => {
+                    if let Some(old) = old {
+                        drift_repairs = diff_into(kernel, old.assemble()).ops.len();
+                    }
+                    diff_into(kernel, programmed.assemble())
+                }
+                None => {
+                    let old = old.map(|o| o.assemble()).unwrap_or_default();
+                    diff_into(&old, programmed.assemble())
+                }
+            };
+            diff_time = diffing.elapsed();
+            self.programmed = Some(programmed);
+            (tx, planned)
+        } else if let Some(programmed) = self.programmed.as_mut() {
+            if let Some(kernel) = &kernel {
+                // What the kernel lost or gained behind our back, measured against what we
+                // programmed (before this sync's changes).
+                drift_repairs = diff_into(kernel, programmed.assemble()).ops.len();
+            }
+            self.slots.begin();
+            let mut old_chains: Vec<(IpFamily, String)> = Vec::new();
+            let mut changes = Vec::with_capacity(self.pending.len());
+            for name in &self.pending {
+                if let Some(old) = programmed.service(name) {
+                    old_chains.extend(old.chains().map(|(f, c)| (f, c.to_string())));
+                }
+                let new = self.state.service(name).map(|svc| {
+                    ProgrammedService::lower(plan::plan_service(&input, &families, svc, &mut self.slots)).1
+                });
+                changes.push((name.clone(), new));
+            }
+            self.slots.finish_for(old_chains.iter().map(|(f, c)| (*f, c.as_str())));
+            let planned = changes.len();
+            let diffing = Instant::now();
+            let partial = programmed.replace(changes);
+            let tx = match &kernel {
+                Some(kernel) => diff_into(kernel, programmed.assemble()),
+                None => partial,
+            };
+            diff_time = diffing.elapsed();
+            (tx, planned)
+        } else {
+            (Transaction::default(), 0)
+        };
+        let plan_time = planning.elapsed().saturating_sub(diff_time);
+        drop(kernel);
+
+        let Some(programmed) = self.programmed.as_ref() else {
+            return Err(SyncError::Internal("no programmed state after planning"));
+        };
         match self.nf.apply(&transaction) {
             Ok(apply) => {
-                self.applied = Some(desired);
                 self.needs_full = false;
                 self.pending.clear();
                 self.node_changed = false;
+                self.targets = Some(targets.clone());
+                let stats = programmed.stats();
                 let report = SyncReport {
                     reason,
                     full,
@@ -429,10 +542,11 @@ impl Reconciler {
                     );
                 }
                 info!(
-                    services = planned.stats.services,
-                    ports = planned.stats.service_ports,
-                    endpoints = planned.stats.endpoints,
+                    services = stats.services,
+                    ports = stats.service_ports,
+                    endpoints = stats.endpoints,
                     changed = services_changed,
+                    planned = planned_services,
                     messages = report.apply.messages,
                     ms = format!("{:.1}", report.total.as_secs_f64() * 1000.0),
                     kernel_ms = format!("{:.1}", report.apply.kernel.as_secs_f64() * 1000.0),
@@ -441,16 +555,46 @@ impl Reconciler {
                 Ok(Synced {
                     at: Instant::now(),
                     nodeports: targets,
-                    health_checks: planned.health_checks.clone(),
-                    plan: planned,
+                    health_checks: programmed.health_checks(),
+                    conntrack: if self.config.conntrack_cleanup { programmed.conntrack() } else { Vec::new() },
+                    stats,
                     report,
                 })
             }
             Err(e) => {
+                // The kernel kept its old state; forget ours so the next (full) sync plans
+                // everything again from what the kernel holds.
                 self.needs_full = true;
+                self.programmed = None;
                 warn!(error = %e, "sync failed; the next sync is a full one");
                 Err(e.into())
             }
         }
     }
+
+    /// The whole ruleset planned from scratch for the current state, keeping endpoint blocks
+    /// where they are: what the kernel holds after a successful sync, partial or full.
+    pub fn desired(&mut self) -> WireRuleset {
+        let targets = match &self.targets {
+            Some(t) => t.clone(),
+            None => (self.nodeports)(&self.config, self.state.node()),
+        };
+        let input =
+            PlanInput { config: &self.config, state: &self.state, nodeports_v4: &targets.v4, nodeports_v6: &targets.v6 };
+        lower_ruleset(&plan(&input, &mut self.slots.clone()).ruleset)
+    }
+
+    /// The programmed ruleset as nft text (what `nft list ruleset` should show).
+    pub fn render(&mut self) -> String {
+        let targets = match &self.targets {
+            Some(t) => t.clone(),
+            None => (self.nodeports)(&self.config, self.state.node()),
+        };
+        let input =
+            PlanInput { config: &self.config, state: &self.state, nodeports_v4: &targets.v4, nodeports_v6: &targets.v6 };
+        plan(&input, &mut self.slots.clone()).ruleset.to_string()
+    }
 }
+
+#[cfg(test)]
+mod tests;

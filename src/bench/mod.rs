@@ -1,0 +1,3 @@
+//! `nftproxy bench`: the scale benchmark (see the README's Performance section).
+
+pub mod cluster;

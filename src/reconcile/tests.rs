@@ -1,0 +1,200 @@
+//! The reconciler against the in-memory kernel: after every partial sync the kernel must hold
+//! exactly what planning everything from scratch gives, whatever the change.
+
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+use std::sync::{Arc, Mutex};
+
+use super::*;
+use crate::bench::cluster::{self, Size};
+use crate::model::{ClusterState, EndpointSliceInfo, SliceEndpoint};
+use crate::netlink::FakeNetfilter;
+use crate::nft::diff::OpKind;
+use crate::nodeaddr::NodePortTargets;
+use crate::plan::NodePorts;
+
+/// A fake kernel the test can inspect while the reconciler owns it.
+#[derive(Clone, Default)]
+struct SharedKernel(Arc<Mutex<FakeNetfilter>>);
+
+impl Netfilter for SharedKernel {
+    fn apply(&mut self, tx: &Transaction) -> Result<crate::netlink::ApplyStats, NetlinkError> {
+        self.0.lock().unwrap().apply(tx)
+    }
+
+    fn read(&mut self, tables: &[(IpFamily, &str)]) -> Result<WireRuleset, NetlinkError> {
+        self.0.lock().unwrap().read(tables)
+    }
+}
+
+fn reconciler(kernel: &SharedKernel) -> Reconciler {
+    let mut config = ProxyConfig::new("node1");
+    config.cluster_cidrs = crate::config::parse_cidrs("x", "10.128.0.0/9").unwrap();
+    let targets = NodePortTargets {
+        v4: NodePorts::Addresses(vec![IpAddr::V4(Ipv4Addr::new(192, 168, 0, 2))]),
+        v6: NodePorts::Addresses(vec![]),
+    };
+    let mut r = Reconciler::new(config, Box::new(kernel.clone()), Box::new(move |_: &ProxyConfig, _: Option<&NodeInfo>| targets.clone()));
+    r.on_event(Event::Synced(Kind::Services));
+    r.on_event(Event::Synced(Kind::EndpointSlices));
+    r
+}
+
+/// Asserts the kernel equals the from-scratch plan; returns the last transaction's summary.
+fn check(r: &mut Reconciler, kernel: &SharedKernel, step: &str) -> Vec<String> {
+    let synced = r.sync(SyncReason::Changes, false).unwrap_or_else(|e| panic!("{step}: {e}"));
+    let desired = r.desired();
+    let k = kernel.0.lock().unwrap();
+    let drift = diff(&k.state, &desired);
+    assert!(drift.is_empty(), "{step}: the kernel differs from a full plan: {:#?}", drift.summary());
+    synced.report.transaction.summary()
+}
+
+fn with_endpoints(i: usize, ips: &[IpAddr]) -> EndpointSliceInfo {
+    let mut slice = cluster::slice(i, 1, 0);
+    let template: SliceEndpoint = slice.endpoints[0].clone();
+    slice.family = IpFamily::of(&ips[0]);
+    slice.endpoints = ips.iter().map(|ip| SliceEndpoint { ip: *ip, ..template.clone() }).collect();
+    slice
+}
+
+fn ip(s: &str) -> IpAddr {
+    s.parse().unwrap()
+}
+
+fn change(r: &mut Reconciler, edit: impl FnOnce(&mut ClusterState)) {
+    let mut state = r.state().clone();
+    edit(&mut state);
+    r.replace_state(state);
+}
+
+#[test]
+fn partial_syncs_program_what_a_full_plan_would() {
+    let kernel = SharedKernel::default();
+    let mut r = reconciler(&kernel);
+    r.replace_state(cluster::state(Size { services: 60, endpoints: 3 }));
+    let first = check(&mut r, &kernel, "initial");
+    assert!(first.len() > 100);
+
+    change(&mut r, |s| {
+        s.upsert_slice(cluster::slice(1, 4, 0));
+    });
+    let ops = check(&mut r, &kernel, "an endpoint added");
+    assert!(ops.iter().all(|o| !o.contains("svc2") && !o.contains("add chain")), "{ops:#?}");
+
+    change(&mut r, |s| {
+        s.upsert_slice(cluster::slice(2, 1, 0));
+    });
+    check(&mut r, &kernel, "down to one endpoint (the block is freed)");
+
+    change(&mut r, |s| {
+        s.remove_service(&cluster::service(3).name);
+    });
+    let ops = check(&mut r, &kernel, "a service deleted");
+    assert!(ops.iter().any(|o| o.starts_with("delete chain")), "{ops:#?}");
+
+    change(&mut r, |s| {
+        s.upsert_service(cluster::service(100));
+        s.upsert_slice(cluster::slice(100, 20, 0));
+    });
+    check(&mut r, &kernel, "a service added, reusing freed space");
+
+    // Two services claiming one ClusterIP (bad input): the first by name wins, and when it
+    // goes the other one takes over.
+    change(&mut r, |s| {
+        let mut svc = cluster::service(5);
+        svc.ports[0].cluster_ips = cluster::service(4).ports[0].cluster_ips.clone();
+        s.upsert_service(svc);
+    });
+    check(&mut r, &kernel, "a contested ClusterIP");
+    change(&mut r, |s| {
+        s.remove_service(&cluster::service(4).name);
+    });
+    check(&mut r, &kernel, "the winner of a contested ClusterIP deleted");
+
+    // One pod behind two services: its hairpin element stays while either has it.
+    let shared = ip("10.200.0.1");
+    change(&mut r, |s| {
+        s.upsert_slice(with_endpoints(6, &[shared, ip("10.200.0.2")]));
+        s.upsert_slice(with_endpoints(7, &[shared, ip("10.200.0.3")]));
+    });
+    check(&mut r, &kernel, "a pod behind two services");
+    change(&mut r, |s| {
+        s.remove_service(&cluster::service(6).name);
+    });
+    check(&mut r, &kernel, "one of them deleted");
+    assert!(r.render().contains("10.200.0.1 . 10.200.0.1"), "the shared pod's hairpin element stays");
+
+    change(&mut r, |s| {
+        s.upsert_slice(cluster::slice(8, 300, 0));
+    });
+    check(&mut r, &kernel, "a service outgrows a shard");
+    change(&mut r, |s| {
+        s.upsert_slice(cluster::slice(8, 2, 1));
+    });
+    check(&mut r, &kernel, "and shrinks back");
+
+    // Service 3 would have affinity in the synthetic cluster; 28 has it (i % 25 == 3).
+    change(&mut r, |s| {
+        s.upsert_slice(cluster::slice(28, 5, 2));
+    });
+    check(&mut r, &kernel, "an affinity service's endpoints replaced");
+
+    // Switching a service to IPv6 brings the ip6 table: everything is planned again.
+    change(&mut r, |s| {
+        let mut svc = cluster::service(9);
+        svc.ports[0].cluster_ips = vec![IpAddr::V6(Ipv6Addr::new(0xfd00, 0x96, 0, 0, 0, 0, 0, 9))];
+        s.upsert_service(svc);
+        s.upsert_slice(with_endpoints(9, &[ip("fd00:200::1"), ip("fd00:200::2")]));
+    });
+    check(&mut r, &kernel, "a dual-stack cluster");
+    change(&mut r, |s| {
+        s.upsert_slice(with_endpoints(9, &[ip("fd00:200::1"), ip("fd00:200::2"), ip("fd00:200::3")]));
+    });
+    let ops = check(&mut r, &kernel, "an IPv6 endpoint added");
+    assert!(ops.iter().all(|o| o.contains("ip6 nftproxy")), "{ops:#?}");
+}
+
+#[test]
+fn a_burst_of_changes_is_one_transaction_touching_only_them() {
+    let kernel = SharedKernel::default();
+    let mut r = reconciler(&kernel);
+    r.replace_state(cluster::state(Size { services: 300, endpoints: 4 }));
+    check(&mut r, &kernel, "initial");
+    change(&mut r, |s| {
+        for i in (0..300).step_by(3) {
+            s.upsert_slice(cluster::slice(i, 4, 1));
+        }
+    });
+    let synced = r.sync(SyncReason::Changes, false).unwrap();
+    let untouched: Vec<String> = (0..300).filter(|i| i % 3 != 0).map(|i| format!("ns{}/svc{i}:", i % 100)).collect();
+    for op in &synced.report.transaction.ops {
+        // New endpoints: new endpoint chains for the services with affinity, nothing else.
+        if let OpKind::AddChain { chain, .. } | OpKind::DeleteChain { chain } = &op.kind {
+            assert!(chain.starts_with("endpoint-"), "{op}");
+        }
+        for owner in op.owners() {
+            assert!(!untouched.iter().any(|u| owner.as_str().starts_with(u.as_str())), "{op} touches {owner}");
+        }
+    }
+    let desired = r.desired();
+    assert!(diff(&kernel.0.lock().unwrap().state, &desired).is_empty());
+}
+
+#[test]
+fn a_failed_sync_forgets_its_memory_and_the_next_full_sync_converges() {
+    let kernel = SharedKernel::default();
+    let mut r = reconciler(&kernel);
+    r.replace_state(cluster::state(Size { services: 20, endpoints: 3 }));
+    check(&mut r, &kernel, "initial");
+    change(&mut r, |s| {
+        s.upsert_slice(cluster::slice(1, 6, 1));
+    });
+    kernel.0.lock().unwrap().fail_on = Some("endpoints-".into());
+    assert!(r.sync(SyncReason::Changes, false).is_err());
+    assert!(r.needs_full());
+    kernel.0.lock().unwrap().fail_on = None;
+    let synced = r.sync(SyncReason::PreviousFailure, false).unwrap();
+    assert!(synced.report.full);
+    let desired = r.desired();
+    assert!(diff(&kernel.0.lock().unwrap().state, &desired).is_empty());
+}
