@@ -15,7 +15,10 @@
 //! - one map for everything would make every rule that looks it up walk all its elements (the
 //!   kernel checks a map's data against each chain that binds it).
 //!
-//! Maps of about [`SHARD_LOAD`] endpoints bound both scans. A window never moves; the table is
+//! Maps of about [`SHARD_LOAD`] endpoints bound both scans for DNAT targets. Verdict maps are
+//! different: whenever the table is validated (every commit that adds a rule or a `goto`), the
+//! kernel walks a verdict map in full for each rule that looks it up, so a shared
+//! `endpoint-chains` map would make that walk quadratic; each affinity port has its own. A window never moves; the table is
 //! kept by the reconciler across syncs and rebuilt from the kernel's rules after a restart.
 
 use std::collections::{BTreeMap, BTreeSet, HashSet};
@@ -199,7 +202,12 @@ impl SlotTable {
             block.load = n;
             return Slot { shard: block.shard, offset: block.window * WINDOW };
         }
-        let fits = |s: &Shard| s.has_window() && s.load.saturating_add(n) <= SHARD_LOAD;
+        // A verdict map is walked in full for every rule that looks it up whenever the table is
+        // validated (any commit adding a rule or a goto), so sharing one between service ports
+        // makes that walk quadratic: each affinity port gets a map of its own.
+        let fits = |s: &Shard| {
+            s.has_window() && s.load.saturating_add(n) <= SHARD_LOAD && (kind == MapKind::Targets || s.blocks == 0)
+        };
         let id = match shards.iter().find(|(_, s)| fits(s)) {
             Some((id, _)) => *id,
             // The lowest unused shard number, so names stay small and are reused.
