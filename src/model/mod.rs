@@ -7,6 +7,7 @@
 
 pub mod convert;
 
+use std::sync::Arc;
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 use std::net::IpAddr;
@@ -213,13 +214,16 @@ pub struct ServiceInfo {
 
 /// Services, EndpointSlices and this node, as last seen.
 #[derive(Debug, Clone, Default)]
+///
+/// Objects are shared (`Arc`), so the state of one service can be kept cheaply as it was when
+/// it was programmed ([`ClusterState::subset`]).
 pub struct ClusterState {
-    services: BTreeMap<NamespacedName, ServiceInfo>,
+    services: BTreeMap<NamespacedName, Arc<ServiceInfo>>,
     /// Slices by service, then by slice name.
-    slices: BTreeMap<NamespacedName, BTreeMap<NamespacedName, EndpointSliceInfo>>,
+    slices: BTreeMap<NamespacedName, BTreeMap<NamespacedName, Arc<EndpointSliceInfo>>>,
     /// Which service each slice was filed under (a slice can be relabelled).
     slice_owner: BTreeMap<NamespacedName, NamespacedName>,
-    node: Option<NodeInfo>,
+    node: Option<Arc<NodeInfo>>,
 }
 
 impl ClusterState {
@@ -231,9 +235,9 @@ impl ClusterState {
     /// Adds or replaces a service. Returns whether anything changed.
     pub fn upsert_service(&mut self, service: ServiceInfo) -> bool {
         match self.services.get(&service.name) {
-            Some(existing) if *existing == service => false,
+            Some(existing) if **existing == service => false,
             _ => {
-                self.services.insert(service.name.clone(), service);
+                self.services.insert(service.name.clone(), Arc::new(service));
                 true
             }
         }
@@ -251,13 +255,13 @@ impl ClusterState {
             if previous != slice.service {
                 self.remove_slice(&slice.name);
                 changed.push(previous);
-            } else if self.slices.get(&previous).and_then(|m| m.get(&slice.name)) == Some(&slice) {
+            } else if self.slices.get(&previous).and_then(|m| m.get(&slice.name)).map(|s| &**s) == Some(&slice) {
                 return changed;
             }
         }
         self.slice_owner.insert(slice.name.clone(), slice.service.clone());
         changed.push(slice.service.clone());
-        self.slices.entry(slice.service.clone()).or_default().insert(slice.name.clone(), slice);
+        self.slices.entry(slice.service.clone()).or_default().insert(slice.name.clone(), Arc::new(slice));
         changed
     }
 
@@ -286,26 +290,26 @@ impl ClusterState {
 
     /// Sets (or clears) this node's Node. Returns whether it changed.
     pub fn set_node(&mut self, node: Option<NodeInfo>) -> bool {
-        if self.node == node {
+        if self.node.as_deref() == node.as_ref() {
             return false;
         }
-        self.node = node;
+        self.node = node.map(Arc::new);
         true
     }
 
     /// This node, if its Node object is known.
     pub fn node(&self) -> Option<&NodeInfo> {
-        self.node.as_ref()
+        self.node.as_deref()
     }
 
     /// All services.
     pub fn services(&self) -> impl Iterator<Item = &ServiceInfo> {
-        self.services.values()
+        self.services.values().map(|s| &**s)
     }
 
     /// One service.
     pub fn service(&self, name: &NamespacedName) -> Option<&ServiceInfo> {
-        self.services.get(name)
+        self.services.get(name).map(|s| &**s)
     }
 
     /// Number of services.
@@ -320,7 +324,23 @@ impl ClusterState {
 
     /// The slices of a service.
     pub fn slices_of(&self, service: &NamespacedName) -> impl Iterator<Item = &EndpointSliceInfo> {
-        self.slices.get(service).into_iter().flat_map(|m| m.values())
+        self.slices.get(service).into_iter().flat_map(|m| m.values().map(|s| &**s))
+    }
+
+    /// The part of the state one service is planned from: the service, its slices and the
+    /// node, sharing their objects with `self`.
+    pub fn subset(&self, service: &NamespacedName) -> ClusterState {
+        let mut s = ClusterState { node: self.node.clone(), ..ClusterState::default() };
+        if let Some(info) = self.services.get(service) {
+            s.services.insert(service.clone(), info.clone());
+        }
+        if let Some(slices) = self.slices.get(service) {
+            for name in slices.keys() {
+                s.slice_owner.insert(name.clone(), service.clone());
+            }
+            s.slices.insert(service.clone(), slices.clone());
+        }
+        s
     }
 
     /// Services whose ports or endpoints differ between `self` and `other` (present in either).

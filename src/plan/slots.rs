@@ -139,12 +139,20 @@ pub struct SlotTable {
     used: BTreeSet<BlockKey>,
     /// Windows found in the kernel while seeding.
     seeded: HashSet<(IpFamily, MapKind, u32, u32)>,
+    /// While set, [`SlotTable::place`] only looks blocks up (re-planning what was programmed).
+    frozen: bool,
 }
 
 impl SlotTable {
     /// An empty table (for a kernel without nftproxy's tables).
     pub fn new() -> SlotTable {
         SlotTable::default()
+    }
+
+    /// Freezes (or thaws) the table: while frozen, placing a chain that has a block returns it
+    /// and changes nothing, so what was programmed can be planned again exactly.
+    pub fn set_frozen(&mut self, frozen: bool) {
+        self.frozen = frozen;
     }
 
     /// Starts a plan: blocks not placed again before [`SlotTable::finish`] are freed.
@@ -193,6 +201,11 @@ impl SlotTable {
     /// Places `n` endpoints of `chain`: its window so far, or a new one.
     pub fn place(&mut self, family: IpFamily, kind: MapKind, chain: &str, n: u32) -> Slot {
         let key = (family, kind, chain.to_string());
+        if self.frozen
+            && let Some(block) = self.blocks.get(&key)
+        {
+            return Slot { shard: block.shard, offset: block.window * WINDOW };
+        }
         self.used.insert(key.clone());
         let shards = self.shards.entry((family, kind)).or_default();
         if let Some(block) = self.blocks.get_mut(&key) {

@@ -25,7 +25,7 @@ use crate::nft::lower::{lower_ruleset, lower_table};
 use crate::nft::wire::WireRuleset;
 use crate::nodeaddr::NodePortTargets;
 use crate::plan::slots::SlotTable;
-use crate::plan::{self, ConntrackTarget, HealthCheck, Plan, PlanInput, PlanStats, plan};
+use crate::plan::{set_rank, self, ConntrackTarget, HealthCheck, Plan, PlanInput, PlanStats, plan};
 use programmed::{Programmed, ProgrammedService};
 use crate::source::{Event, Kind};
 
@@ -408,107 +408,130 @@ impl Reconciler {
     /// is programmed yet; the transaction holds only their difference, or on a full sync
     /// everything that differs from what the kernel holds.
     pub fn sync(&mut self, reason: SyncReason, full: bool) -> Result<Synced, SyncError> {
-        let full = full || self.needs_full();
-        let span = info_span!("sync", %reason, full);
+        let span = info_span!("sync", %reason, full = full || self.needs_full());
         let _enter = span.enter();
         let started = Instant::now();
         let services_changed = self.pending.len();
 
-        // A full sync reads the kernel first. With nothing programmed (a start, or after a
-        // failure) the endpoint blocks found there seed the plan, so a restart changes nothing
-        // that did not change.
+        // Node-port addresses come from the interfaces (a netlink dump, slow right after a
+        // commit): read them on full syncs and node changes; partial syncs reuse them.
+        let targets = match &self.targets {
+            Some(t) if !full && !self.needs_full() && !self.node_changed => t.clone(),
+            _ => (self.nodeports)(&self.config, self.state.node()),
+        };
+        let families = {
+            let input = PlanInput {
+                config: &self.config,
+                state: &self.state,
+                nodeports_v4: &targets.v4,
+                nodeports_v6: &targets.v6,
+            };
+            plan::families(&input)
+        };
+        // Everything is planned again when asked, when nothing is programmed (a start, or after
+        // a failure), or when something every service depends on changed (the node, node-port
+        // addresses, the IP families in use).
+        let full = full
+            || self.needs_full()
+            || self.node_changed
+            || self.programmed.as_ref().is_none_or(|p| p.families() != families.as_slice())
+            || self.targets.as_ref() != Some(&targets);
+
+        // A full sync reads the kernel first. With nothing programmed the endpoint blocks found
+        // there seed the plan, so a restart changes nothing that did not change.
         let mut read = Duration::ZERO;
         let kernel = if full {
-            let kernel = match self.nf.read(&table_names(&self.config)) {
-                Ok(k) => k,
+            match self.nf.read(&table_names(&self.config)) {
+                Ok(k) => {
+                    read = started.elapsed();
+                    k
+                }
                 Err(e) => {
                     self.needs_full = true;
                     return Err(e.into());
                 }
-            };
-            read = started.elapsed();
-            if self.programmed.is_none() {
-                self.slots = SlotTable::from_kernel(&kernel);
             }
-            Some(kernel)
         } else {
-            None
+            WireRuleset::default()
         };
+        if full && self.programmed.is_none() {
+            self.slots = SlotTable::from_kernel(&kernel);
+        }
 
         let planning = Instant::now();
-        // Node-port addresses come from the interfaces (a netlink dump, slow right after a
-        // commit): read them on full syncs and node changes; partial syncs reuse them.
-        let targets = match &self.targets {
-            Some(t) if !full && !self.node_changed => t.clone(),
-            _ => (self.nodeports)(&self.config, self.state.node()),
-        };
         let input =
             PlanInput { config: &self.config, state: &self.state, nodeports_v4: &targets.v4, nodeports_v6: &targets.v6 };
-        let families = plan::families(&input);
-        let replan_all = match &self.programmed {
-            None => true,
-            Some(p) => self.node_changed || p.families() != families.as_slice() || self.targets.as_ref() != Some(&targets),
-        };
         let mut drift_repairs = 0;
-        let mut diff_time = Duration::ZERO;
-        let (transaction, planned_services) = if replan_all {
-            let old = self.programmed.take();
+        let diff_time;
+        let (transaction, planned_services) = if full {
+            // Only drift is left to repair when nothing else changed since the last sync.
+            let only_drift = self.programmed.is_some() && self.pending.is_empty() && !self.node_changed;
+            self.programmed = None;
             self.slots.begin();
-            let infrastructure = plan::plan_infrastructure(&input, &families).iter().map(lower_table).collect();
-            let services: Vec<(NamespacedName, ProgrammedService)> = self
-                .state
-                .services()
-                .map(|svc| ProgrammedService::lower(plan::plan_service(&input, &families, svc, &mut self.slots)))
-                .collect();
+            let infrastructure: Vec<_> = plan::plan_infrastructure(&input, &families).iter().map(lower_table).collect();
+            let mut tables = infrastructure.clone();
+            let mut programmed = Programmed::new(families.clone(), infrastructure);
+            let mut planned = 0;
+            for svc in self.state.services() {
+                let service_plan = plan::plan_service(&input, &families, svc, &mut self.slots);
+                let (name, record, fragments) = ProgrammedService::lower(service_plan, self.state.subset(&svc.name));
+                programmed.insert(name, record, &fragments);
+                for (table, fragment) in tables.iter_mut().zip(fragments) {
+                    programmed::merge(table, fragment);
+                }
+                planned += 1;
+            }
             self.slots.finish();
-            let planned = services.len();
-            let programmed = Programmed::new(families, infrastructure, services);
+            for table in &mut tables {
+                table.sets.sort_by(|a, x, b, y| {
+                    set_rank(a, x.owner.is_infrastructure()).cmp(&set_rank(b, y.owner.is_infrastructure()))
+                });
+            }
             let diffing = Instant::now();
-            let tx = match &kernel {
-                Some(kernel) => {
-                    if let Some(old) = old {
-                        drift_repairs = diff_into(kernel, old.assemble()).ops.len();
-                    }
-                    diff_into(kernel, programmed.assemble())
-                }
-                None => {
-                    let old = old.map(|o| o.assemble()).unwrap_or_default();
-                    diff_into(&old, programmed.assemble())
-                }
-            };
+            let tx = diff_into(&kernel, WireRuleset { tables });
             diff_time = diffing.elapsed();
+            if only_drift {
+                drift_repairs = tx.ops.len();
+            }
             self.programmed = Some(programmed);
             (tx, planned)
         } else if let Some(programmed) = self.programmed.as_mut() {
-            if let Some(kernel) = &kernel {
-                // What the kernel lost or gained behind our back, measured against what we
-                // programmed (before this sync's changes).
-                drift_repairs = diff_into(kernel, programmed.assemble()).ops.len();
-            }
-            self.slots.begin();
-            let mut old_chains: Vec<(IpFamily, String)> = Vec::new();
-            let mut changes = Vec::with_capacity(self.pending.len());
+            let (config, slots) = (&self.config, &mut self.slots);
+            let mut replan = |name: &NamespacedName, service: &ProgrammedService| {
+                replan_service(config, &targets, &families, slots, name, service)
+            };
+            // What the changed services programmed, planned again before their blocks move.
+            let mut olds: Vec<programmed::Fragments> = Vec::with_capacity(self.pending.len());
             for name in &self.pending {
-                if let Some(old) = programmed.service(name) {
-                    old_chains.extend(old.chains().map(|(f, c)| (f, c.to_string())));
-                }
-                let new = self.state.service(name).map(|svc| {
-                    ProgrammedService::lower(plan::plan_service(&input, &families, svc, &mut self.slots)).1
-                });
-                changes.push((name.clone(), new));
+                olds.push(programmed.service(name).map(|old| replan(name, old)).unwrap_or_default());
             }
+            drop(replan);
+            self.slots.begin();
+            let mut changes = Vec::with_capacity(self.pending.len());
+            for (name, old) in self.pending.iter().zip(olds) {
+                let new = self.state.service(name).map(|svc| {
+                    let (_, record, fragments) = ProgrammedService::lower(
+                        plan::plan_service(&input, &families, svc, &mut self.slots),
+                        self.state.subset(name),
+                    );
+                    (record, fragments)
+                });
+                changes.push((name.clone(), old, new));
+            }
+            let old_chains: Vec<(IpFamily, String)> =
+                changes.iter().flat_map(|(_, old, _)| programmed::chains(old).map(|(f, c)| (f, c.to_string()))).collect();
             self.slots.finish_for(old_chains.iter().map(|(f, c)| (*f, c.as_str())));
             let planned = changes.len();
             let diffing = Instant::now();
-            let partial = programmed.replace(changes);
-            let tx = match &kernel {
-                Some(kernel) => diff_into(kernel, programmed.assemble()),
-                None => partial,
+            let (config, slots) = (&self.config, &mut self.slots);
+            let mut replan = |name: &NamespacedName, service: &ProgrammedService| {
+                replan_service(config, &targets, &families, slots, name, service)
             };
+            let tx = programmed.replace(changes, &mut replan);
             diff_time = diffing.elapsed();
             (tx, planned)
         } else {
-            (Transaction::default(), 0)
+            return Err(SyncError::Internal("a partial sync without programmed state"));
         };
         let plan_time = planning.elapsed().saturating_sub(diff_time);
         drop(kernel);
@@ -594,6 +617,25 @@ impl Reconciler {
             PlanInput { config: &self.config, state: &self.state, nodeports_v4: &targets.v4, nodeports_v6: &targets.v6 };
         plan(&input, &mut self.slots.clone()).ruleset.to_string()
     }
+}
+
+/// Plans a programmed service again from the state it was planned with, its endpoint windows
+/// where they are (the slot table frozen): exactly the objects it programmed.
+fn replan_service(
+    config: &ProxyConfig,
+    targets: &NodePortTargets,
+    families: &[IpFamily],
+    slots: &mut SlotTable,
+    name: &NamespacedName,
+    service: &ProgrammedService,
+) -> programmed::Fragments {
+    let Some(svc) = service.state.service(name) else { return Vec::new() };
+    let input =
+        PlanInput { config, state: &service.state, nodeports_v4: &targets.v4, nodeports_v6: &targets.v6 };
+    slots.set_frozen(true);
+    let fragments = plan::plan_service(&input, families, svc, slots).fragments;
+    slots.set_frozen(false);
+    fragments.iter().map(lower_table).collect()
 }
 
 #[cfg(test)]

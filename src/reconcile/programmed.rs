@@ -1,56 +1,70 @@
-//! What nftproxy has programmed, in kernel form: each family's infrastructure and one fragment
-//! per service (its chains, its own sets, its elements of the shared sets and maps).
+//! What nftproxy has programmed: each family's infrastructure, and for every service the part
+//! of the cluster state it was planned from (sharing the objects of the live state), with the
+//! owners of the shared keys.
 //!
-//! A partial sync replaces the fragments of the services that changed and diffs only those,
-//! with the shared elements they touch, so its cost follows the size of the change rather than
-//! the size of the cluster. A full sync assembles the whole ruleset from here and diffs it with
-//! what the kernel holds. Assembling merges in service-name order with the first claim to a
-//! shared key winning, exactly as [`crate::plan::plan`] does, so both paths program the same
-//! ruleset.
+//! A service's kernel objects are not stored: planning is deterministic, so they are planned
+//! again from the recorded state when needed (with the slot table frozen, so endpoint windows
+//! come out where they are). A partial sync plans the old and the new version of each changed
+//! service and diffs only those, with the shared elements they touch, so its cost follows the
+//! size of the change rather than the size of the cluster, and memory holds no second copy of
+//! the ruleset. A full sync plans everything and diffs it with what the kernel holds; both
+//! merge in service-name order with the first claim to a shared key winning, exactly as
+//! [`crate::plan::plan`] does, so both paths program the same ruleset.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
-use crate::model::NamespacedName;
+use crate::model::{ClusterState, NamespacedName};
 use crate::net::IpFamily;
 use crate::nft::ast::Owner;
 use crate::nft::diff::{Transaction, diff_table};
 use crate::nft::lower::lower_table;
-use crate::nft::wire::{WireData, WireElement, WireKey, WireRuleset, WireSet, WireTable};
-use crate::plan::slots::MapKind;
+use crate::nft::wire::{WireData, WireElement, WireKey, WireSet, WireTable};
 use crate::plan::objects::HAIRPIN;
-use crate::plan::{ConntrackTarget, HealthCheck, PlanStats, ServicePlan, set_rank};
+use crate::plan::slots::MapKind;
+use crate::plan::{ConntrackTarget, HealthCheck, PlanStats, ServicePlan};
 
 /// One service as programmed.
 #[derive(Debug, Clone)]
 pub struct ProgrammedService {
-    /// One partial table per family, in the order of [`Programmed::families`].
-    pub fragments: Vec<WireTable>,
+    /// The service, its slices and the node, as they were planned.
+    pub state: ClusterState,
     pub health_check: Option<HealthCheck>,
     pub conntrack: Vec<ConntrackTarget>,
     pub stats: PlanStats,
 }
 
-impl ProgrammedService {
-    /// Lowers a service's plan.
-    pub fn lower(plan: ServicePlan) -> (NamespacedName, ProgrammedService) {
-        let fragments = plan.fragments.iter().map(lower_table).collect();
-        let service = ProgrammedService {
-            fragments,
-            health_check: plan.health_check,
-            conntrack: plan.conntrack,
-            stats: plan.stats,
-        };
-        (plan.service, service)
-    }
+/// A service's kernel objects: one partial table per family, in the order of
+/// [`Programmed::families`].
+pub type Fragments = Vec<WireTable>;
 
-    /// The service's chains, by family.
-    pub fn chains(&self) -> impl Iterator<Item = (IpFamily, &str)> {
-        self.fragments.iter().flat_map(|f| f.chains.keys().map(move |c| (f.family, c.as_str())))
+impl ProgrammedService {
+    /// Lowers a service's plan: the record to keep, and the kernel objects.
+    pub fn lower(plan: ServicePlan, state: ClusterState) -> (NamespacedName, ProgrammedService, Fragments) {
+        let fragments = plan.fragments.iter().map(lower_table).collect();
+        let service =
+            ProgrammedService { state, health_check: plan.health_check, conntrack: plan.conntrack, stats: plan.stats };
+        (plan.service, service, fragments)
     }
+}
+
+/// The chains of a service's fragments, by family.
+pub fn chains(fragments: &[WireTable]) -> impl Iterator<Item = (IpFamily, &str)> {
+    fragments.iter().flat_map(|f| f.chains.keys().map(move |c| (f.family, c.as_str())))
 }
 
 /// A key of a shared set that is not an endpoint map: family index, set, element key.
 type SharedKey = (usize, String, WireKey);
+
+/// Who claims a shared key: how many services, and (except for `hairpin-endpoints`, whose
+/// elements are the same whoever claims them) which.
+#[derive(Debug, Clone, Default)]
+struct Claim {
+    count: u32,
+    names: BTreeSet<NamespacedName>,
+}
+
+/// Plans a programmed service again (with the slot table frozen).
+pub type Replan<'a> = dyn FnMut(&NamespacedName, &ProgrammedService) -> Fragments + 'a;
 
 /// The programmed ruleset.
 #[derive(Debug, Clone)]
@@ -58,35 +72,24 @@ pub struct Programmed {
     families: Vec<IpFamily>,
     infrastructure: Vec<WireTable>,
     services: BTreeMap<NamespacedName, ProgrammedService>,
-    /// How many services claim each key of the shared sets other than the endpoint maps
-    /// (keys of those belong to one block, hence one service, by construction). More than one
-    /// is legitimate for `hairpin-endpoints` (a pod behind two services) and a conflict
-    /// elsewhere.
-    claims: HashMap<SharedKey, u32>,
+    /// The claimants of each key of the shared sets other than the endpoint maps (keys of
+    /// those belong to one block, hence one service, by construction). More than one is
+    /// legitimate for `hairpin-endpoints` (a pod behind two services) and a conflict elsewhere.
+    claims: HashMap<SharedKey, Claim>,
     /// Elements per endpoint map (a map exists while it holds any), with an empty copy of each.
     shards: HashMap<(usize, String), (usize, WireSet)>,
 }
 
 impl Programmed {
-    /// The programmed state for a whole plan: infrastructure tables (one per family) and every
-    /// service.
-    pub fn new(
-        families: Vec<IpFamily>,
-        infrastructure: Vec<WireTable>,
-        services: impl IntoIterator<Item = (NamespacedName, ProgrammedService)>,
-    ) -> Programmed {
-        let mut p = Programmed {
-            families,
-            infrastructure,
-            services: BTreeMap::new(),
-            claims: HashMap::new(),
-            shards: HashMap::new(),
-        };
-        for (name, service) in services {
-            p.count_claims(&service, 1);
-            p.services.insert(name, service);
-        }
-        p
+    /// The programmed state of the infrastructure tables (one per family), no services yet.
+    pub fn new(families: Vec<IpFamily>, infrastructure: Vec<WireTable>) -> Programmed {
+        Programmed { families, infrastructure, services: BTreeMap::new(), claims: HashMap::new(), shards: HashMap::new() }
+    }
+
+    /// Records a service planned into `fragments` (which the caller merges into the ruleset).
+    pub fn insert(&mut self, name: NamespacedName, service: ProgrammedService, fragments: &[WireTable]) {
+        self.count_claims(&name, fragments, 1);
+        self.services.insert(name, service);
     }
 
     /// The families the tables are for.
@@ -123,30 +126,14 @@ impl Programmed {
         self.services.values().flat_map(|s| s.conntrack.iter().cloned()).collect()
     }
 
-    /// The whole ruleset, as the kernel should hold it.
-    pub fn assemble(&self) -> WireRuleset {
-        let mut tables = self.infrastructure.clone();
-        for service in self.services.values() {
-            for (table, fragment) in tables.iter_mut().zip(&service.fragments) {
-                merge(table, fragment);
-            }
-        }
-        for table in &mut tables {
-            table.sets.sort_by(|a, x, b, y| {
-                set_rank(a, x.owner.is_infrastructure()).cmp(&set_rank(b, y.owner.is_infrastructure()))
-            });
-        }
-        WireRuleset { tables }
-    }
-
     /// Whether `set` of family `fi` is shared (the infrastructure has it, or it is an endpoint
     /// map) rather than a service's own.
     fn is_shared(&self, fi: usize, set: &str) -> bool {
         MapKind::parse(set).is_some() || self.infrastructure.get(fi).is_some_and(|t| t.sets.contains_key(set))
     }
 
-    fn count_claims(&mut self, service: &ProgrammedService, delta: i64) {
-        for (fi, fragment) in service.fragments.iter().enumerate() {
+    fn count_claims(&mut self, name: &NamespacedName, fragments: &[WireTable], delta: i64) {
+        for (fi, fragment) in fragments.iter().enumerate() {
             for set in fragment.sets.values() {
                 if set_is_shard(&set.name) {
                     let entry = self.shards.entry((fi, set.name.clone())).or_insert_with(|| (0, empty_set_like(set)));
@@ -160,11 +147,19 @@ impl Programmed {
                 if !self.is_shared(fi, &set.name) {
                     continue;
                 }
+                let named = set.name != HAIRPIN;
                 for key in set.elements.keys() {
                     let k = (fi, set.name.clone(), key.clone());
-                    let count = self.claims.entry(k.clone()).or_insert(0);
-                    *count = u32::try_from((i64::from(*count) + delta).max(0)).unwrap_or(0);
-                    if *count == 0 {
+                    let claim = self.claims.entry(k.clone()).or_default();
+                    claim.count = u32::try_from((i64::from(claim.count) + delta).max(0)).unwrap_or(0);
+                    if named {
+                        if delta > 0 {
+                            claim.names.insert(name.clone());
+                        } else {
+                            claim.names.remove(name);
+                        }
+                    }
+                    if claim.count == 0 {
                         self.claims.remove(&k);
                     }
                 }
@@ -172,50 +167,63 @@ impl Programmed {
         }
     }
 
-    /// The element the kernel holds (or should hold) for a shared key, given the services'
-    /// fragments now. `hint` is a service known to claim the key, if any.
-    fn effective(&self, fi: usize, set: &str, key: &WireKey, hint: Option<&NamespacedName>) -> Option<WireElement> {
+    /// The element the kernel holds (or should hold) for a shared key, given the services
+    /// recorded now. `hint` is a service known to claim the key, with its fragments.
+    fn effective(
+        &self,
+        fi: usize,
+        set: &str,
+        key: &WireKey,
+        hint: Option<(&NamespacedName, &Fragments)>,
+        replan: &mut Replan<'_>,
+    ) -> Option<WireElement> {
         if let Some(e) = self.infrastructure.get(fi).and_then(|t| t.sets.get(set)).and_then(|s| s.elements.get(key)) {
             return Some(e.clone());
         }
-        let claimed_by = |name: &NamespacedName| {
-            self.services
-                .get(name)
-                .and_then(|s| s.fragments.get(fi))
-                .and_then(|f| f.sets.get(set))
-                .and_then(|s| s.elements.get(key))
+        let element_of = |fragments: &Fragments| {
+            fragments.get(fi).and_then(|f| f.sets.get(set)).and_then(|s| s.elements.get(key)).cloned()
         };
         if set_is_shard(set) {
             // An index belongs to one block, and blocks move only between changed services.
-            return hint.and_then(claimed_by).cloned();
+            return hint.and_then(|(_, f)| element_of(f));
         }
-        let claims = self.claims.get(&(fi, set.to_string(), key.clone())).copied().unwrap_or(0);
-        match (claims, hint.and_then(claimed_by)) {
-            (0, _) => None,
-            (1, Some(e)) => Some(e.clone()),
+        let claim = self.claims.get(&(fi, set.to_string(), key.clone()))?;
+        if set == HAIRPIN {
             // Hairpin elements are the same whoever claims them (only the owner differs, and
             // only content is compared).
-            _ if set == HAIRPIN => {
-                Some(WireElement { data: WireData::None, userdata: None, owner: Owner::infrastructure() })
+            return (claim.count > 0)
+                .then(|| WireElement { data: WireData::None, userdata: None, owner: Owner::infrastructure() });
+        }
+        // The first claimant in name order wins, as when the whole ruleset is planned.
+        let first = claim.names.first()?;
+        match hint {
+            Some((name, fragments)) if name == first => element_of(fragments),
+            _ => {
+                let service = self.services.get(first)?;
+                element_of(&replan(first, service))
             }
-            // Shared with, or contested by, services that did not change: the first in name
-            // order wins, as when assembling.
-            _ => self.services.keys().find_map(claimed_by).cloned(),
         }
     }
 
-    /// Replaces the fragments of some services (`None`: the service is gone) and returns the
-    /// operations that take the kernel from the old state to the new one.
-    pub fn replace(&mut self, changes: Vec<(NamespacedName, Option<ProgrammedService>)>) -> Transaction {
+    /// Replaces some services: each with its old fragments (planned again by the caller) and
+    /// its new version (`None`: the service is gone), and returns the operations that take
+    /// the kernel from the old state to the new one. `replan` plans other services again when
+    /// a contested shared key needs their element.
+    pub fn replace(
+        &mut self,
+        changes: Vec<(NamespacedName, Fragments, Option<(ProgrammedService, Fragments)>)>,
+        replan: &mut Replan<'_>,
+    ) -> Transaction {
         // Every shared key the changed services claim, before or after, with the claimant
         // (an index into `changes`) on each side.
         type Claimants = (Option<usize>, Option<usize>);
         let mut touched: BTreeMap<SharedKey, Claimants> = BTreeMap::new();
-        for (i, (name, new)) in changes.iter().enumerate() {
-            let sides = [(self.services.get(name), true), (new.as_ref(), false)];
-            for (service, before) in sides {
-                let Some(service) = service else { continue };
-                for (fi, fragment) in service.fragments.iter().enumerate() {
+        for (i, (name, old, new)) in changes.iter().enumerate() {
+            let had = self.services.contains_key(name);
+            let sides = [(had.then_some(old), true), (new.as_ref().map(|(_, f)| f), false)];
+            for (fragments, before) in sides {
+                let Some(fragments) = fragments else { continue };
+                for (fi, fragment) in fragments.iter().enumerate() {
                     for set in fragment.sets.values().filter(|s| self.is_shared(fi, &s.name)) {
                         for key in set.elements.keys() {
                             let entry = touched.entry((fi, set.name.clone(), key.clone())).or_default();
@@ -226,29 +234,38 @@ impl Programmed {
                 }
             }
         }
-        let hint = |i: Option<usize>| i.map(|i| &changes[i].0);
-        let before: Vec<Option<WireElement>> =
-            touched.iter().map(|((fi, set, key), (b, _))| self.effective(*fi, set, key, hint(*b))).collect();
+        let before: Vec<Option<WireElement>> = touched
+            .iter()
+            .map(|((fi, set, key), (b, _))| {
+                let hint = b.map(|i| (&changes[i].0, &changes[i].1));
+                self.effective(*fi, set, key, hint, replan)
+            })
+            .collect();
         let sets: BTreeSet<(usize, String)> = touched.keys().map(|(fi, set, _)| (*fi, set.clone())).collect();
         let mut have_sets: BTreeMap<(usize, String), WireSet> =
             sets.iter().filter_map(|(fi, set)| Some(((*fi, set.clone()), self.empty_shared(*fi, set)?))).collect();
 
         let mut have: Vec<WireTable> = self.infrastructure.iter().map(empty_like).collect();
         let mut want = have.clone();
-        for (name, new) in &changes {
-            if let Some(old) = self.services.remove(name) {
-                self.count_claims(&old, -1);
-                add_own(&mut have, &old, self);
+        for (name, old, new) in &changes {
+            if self.services.remove(name).is_some() {
+                self.count_claims(name, old, -1);
+                add_own(&mut have, old, self);
             }
-            if let Some(new) = new {
-                add_own(&mut want, new, self);
-                self.count_claims(new, 1);
-                self.services.insert(name.clone(), new.clone());
+            if let Some((service, fragments)) = new {
+                add_own(&mut want, fragments, self);
+                self.count_claims(name, fragments, 1);
+                self.services.insert(name.clone(), service.clone());
             }
         }
 
-        let after: Vec<Option<WireElement>> =
-            touched.iter().map(|((fi, set, key), (_, a))| self.effective(*fi, set, key, hint(*a))).collect();
+        let after: Vec<Option<WireElement>> = touched
+            .iter()
+            .map(|((fi, set, key), (_, a))| {
+                let hint = a.and_then(|i| changes[i].2.as_ref().map(|(_, f)| (&changes[i].0, f)));
+                self.effective(*fi, set, key, hint, replan)
+            })
+            .collect();
         let mut want_sets: BTreeMap<(usize, String), WireSet> =
             sets.iter().filter_map(|(fi, set)| Some(((*fi, set.clone()), self.empty_shared(*fi, set)?))).collect();
         for (((fi, set, key), _), (old, new)) in touched.iter().zip(before.into_iter().zip(after)) {
@@ -311,8 +328,8 @@ fn empty_set_like(set: &WireSet) -> WireSet {
 }
 
 /// Adds a service's chains and own sets to per-family tables.
-fn add_own(tables: &mut [WireTable], service: &ProgrammedService, programmed: &Programmed) {
-    for (fi, (table, fragment)) in tables.iter_mut().zip(&service.fragments).enumerate() {
+fn add_own(tables: &mut [WireTable], fragments: &[WireTable], programmed: &Programmed) {
+    for (fi, (table, fragment)) in tables.iter_mut().zip(fragments).enumerate() {
         for (name, chain) in &fragment.chains {
             table.chains.insert(name.clone(), chain.clone());
         }
@@ -322,21 +339,21 @@ fn add_own(tables: &mut [WireTable], service: &ProgrammedService, programmed: &P
     }
 }
 
-/// Merges a fragment into a table: first claim to a key wins.
-fn merge(table: &mut WireTable, fragment: &WireTable) {
-    for (name, set) in &fragment.sets {
-        match table.sets.get_mut(name) {
+/// Merges a fragment into a table, consuming it: first claim to a key wins.
+pub fn merge(table: &mut WireTable, fragment: WireTable) {
+    for (name, set) in fragment.sets {
+        match table.sets.get_mut(&name) {
             Some(have) => {
-                for (key, element) in &set.elements {
-                    have.elements.entry(key.clone()).or_insert_with(|| element.clone());
+                for (key, element) in set.elements {
+                    have.elements.entry(key).or_insert(element);
                 }
             }
             None => {
-                table.sets.insert(name.clone(), set.clone());
+                table.sets.insert(name, set);
             }
         }
     }
-    for (name, chain) in &fragment.chains {
-        table.chains.entry(name.clone()).or_insert_with(|| chain.clone());
+    for (name, chain) in fragment.chains {
+        table.chains.entry(name).or_insert(chain);
     }
 }
