@@ -75,7 +75,7 @@ fn the_daemonset_replaces_kube_proxy_with_least_privilege() {
     assert!(c.resources.clone().unwrap().limits.unwrap().contains_key("memory"));
     let volume = &pod.volumes.unwrap()[0];
     let cm: ConfigMap = typed(&docs("configmap.yaml")[0]);
-    assert_eq!(volume.config_map.as_ref().map(|c| c.name.clone()), cm.metadata.name.clone().map(Into::into));
+    assert_eq!(volume.config_map.as_ref().map(|c| c.name.clone()), cm.metadata.name.clone());
 }
 
 #[test]

@@ -29,10 +29,11 @@ pub fn cluster_ip(i: usize) -> Ipv4Addr {
     Ipv4Addr::from(n)
 }
 
-/// Address of endpoint `j` of service `i` (in 10.128.0.0/9). `generation` shifts addresses so a
-/// replaced endpoint gets a new one.
-pub fn endpoint_ip(i: usize, j: usize, endpoints: usize, generation: usize) -> Ipv4Addr {
-    let n = 0x0a80_0000u32 + ((i * (endpoints + 8) + j + generation * 3) as u32 % 0x007f_ffff);
+/// Address of endpoint `j` of service `i` (in 10.128.0.0/9): service `i` owns the 64 addresses
+/// from `i * 64`, so adding or removing one endpoint leaves the others' addresses alone.
+/// `generation` shifts addresses so a replaced endpoint gets a new one.
+pub fn endpoint_ip(i: usize, j: usize, generation: usize) -> Ipv4Addr {
+    let n = 0x0a80_0000u32 + ((i * 64 + j + generation * 3) as u32 % 0x007f_ffff);
     Ipv4Addr::from(n)
 }
 
@@ -41,7 +42,7 @@ pub fn service(i: usize) -> ServiceInfo {
     let name = NamespacedName::new(format!("ns{}", i % 100), format!("svc{i}"));
     let protocol = if i % 10 < 7 { L4Proto::Tcp } else { L4Proto::Udp };
     let port = if protocol == L4Proto::Tcp { 80 } else { 53 };
-    let node_port = (i % 10 == 0).then(|| 30000 + (i / 10 % 2700) as u16);
+    let node_port = i.is_multiple_of(10).then(|| 30000 + (i / 10 % 2700) as u16);
     let lb = (i % 20 == 5).then(|| IpAddr::V4(Ipv4Addr::from(0xcb00_0000u32 + i as u32)));
     ServiceInfo {
         name: name.clone(),
@@ -53,7 +54,7 @@ pub fn service(i: usize) -> ServiceInfo {
             external_ips: Vec::new(),
             load_balancer_ips: lb.into_iter().collect(),
             load_balancer_source_ranges: Vec::new(),
-            external_policy_local: i % 20 == 0,
+            external_policy_local: i.is_multiple_of(20),
             internal_policy_local: false,
             session_affinity_secs: (i % 25 == 3).then_some(10800),
             health_check_node_port: None,
@@ -72,7 +73,7 @@ pub fn slice(i: usize, endpoints: usize, generation: usize) -> EndpointSliceInfo
         ports: vec![(sp.name.port.clone(), sp.name.protocol, 8080)],
         endpoints: (0..endpoints)
             .map(|j| SliceEndpoint {
-                ip: IpAddr::V4(endpoint_ip(i, j, endpoints, generation)),
+                ip: IpAddr::V4(endpoint_ip(i, j, generation)),
                 ready: true,
                 serving: true,
                 terminating: false,

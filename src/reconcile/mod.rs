@@ -1,9 +1,11 @@
 //! The one place effects run in order: source events → cluster state → plan → diff → apply.
 //!
-//! [`Reconciler`] keeps the cluster state and what it last applied. A **partial** sync diffs the
-//! new plan against that in-memory copy and sends only the difference; a **full** sync (at start,
-//! every `--sync-period`, and after any failure) reads nftproxy's tables back from the kernel
-//! instead, so anything that drifted (a flushed chain, a deleted element, a deleted table) is
+//! [`Reconciler`] keeps the cluster state and, per service, the part of it that service was
+//! last programmed from ([`programmed`]). A **partial** sync plans only the services with
+//! pending changes, old and new version, and sends only their difference; a **full** sync (at
+//! start, every `--sync-period`, after any failure, and when the node, node-port addresses or
+//! families change) plans everything and diffs it with nftproxy's tables read back from the
+//! kernel, so anything that drifted (a flushed chain, a deleted element, a deleted table) is
 //! repaired in the same single transaction.
 
 pub mod programmed;
@@ -505,7 +507,6 @@ impl Reconciler {
             for name in &self.pending {
                 olds.push(programmed.service(name).map(|old| replan(name, old)).unwrap_or_default());
             }
-            drop(replan);
             self.slots.begin();
             let mut changes = Vec::with_capacity(self.pending.len());
             for (name, old) in self.pending.iter().zip(olds) {

@@ -63,6 +63,10 @@ struct Claim {
     names: BTreeSet<NamespacedName>,
 }
 
+/// A changed service: its name, what it programmed (planned again), and its new version with
+/// its objects (`None`: the service is gone).
+pub type Change = (NamespacedName, Fragments, Option<(ProgrammedService, Fragments)>);
+
 /// Plans a programmed service again (with the slot table frozen).
 pub type Replan<'a> = dyn FnMut(&NamespacedName, &ProgrammedService) -> Fragments + 'a;
 
@@ -211,7 +215,7 @@ impl Programmed {
     /// a contested shared key needs their element.
     pub fn replace(
         &mut self,
-        changes: Vec<(NamespacedName, Fragments, Option<(ProgrammedService, Fragments)>)>,
+        changes: Vec<Change>,
         replan: &mut Replan<'_>,
     ) -> Transaction {
         // Every shared key the changed services claim, before or after, with the claimant
