@@ -39,6 +39,11 @@ pub enum Command {
     Run(RunArgs),
     /// Build a lab of network namespaces, send traffic through a ClusterIP and show the results.
     Demo(crate::demo::DemoArgs),
+    /// Measure syncs, memory and the data plane at cluster scale in network namespaces.
+    Bench(crate::bench::BenchArgs),
+    /// One phase of the benchmark, inside a benchmark namespace (started by `bench`).
+    #[command(hide = true)]
+    BenchWorker(crate::bench::worker::WorkerArgs),
 }
 
 /// `run` options.
@@ -186,6 +191,8 @@ pub enum CliError {
     Demo(#[from] crate::demo::DemoError),
     #[error(transparent)]
     Run(#[from] crate::run::RunError),
+    #[error(transparent)]
+    Bench(#[from] crate::bench::BenchError),
     #[error("invalid {flag} {value:?}: expected IP:PORT")]
     Address { flag: &'static str, value: String },
 }
@@ -301,5 +308,7 @@ fn execute(cli: Cli, matches: Option<&clap::ArgMatches>) -> Result<(), CliError>
             Ok(crate::run::run(settings)?)
         }
         Command::Demo(args) => Ok(crate::demo::run(&args)?),
+        Command::Bench(args) => Ok(crate::bench::run(&args)?),
+        Command::BenchWorker(args) => Ok(crate::bench::worker::run(&args)?),
     }
 }
