@@ -88,9 +88,12 @@ impl ServicePort {
         self.externally_accessible() && self.external_policy_local
     }
 
-    /// Some traffic uses the cluster-wide endpoint list.
+    /// Some traffic uses the cluster-wide endpoint list: internal traffic under the Cluster
+    /// policy, and any externally accessible port — even with `externalTrafficPolicy: Local`,
+    /// pods and the node reaching its external addresses are short-circuited to the
+    /// cluster-wide endpoints (as upstream's `UsesClusterEndpoints`).
     pub fn uses_cluster_endpoints(&self) -> bool {
-        !self.internal_policy_local || (self.externally_accessible() && !self.external_policy_local)
+        !self.internal_policy_local || self.externally_accessible()
     }
 
     /// Some traffic uses the local endpoint list.

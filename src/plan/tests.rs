@@ -530,3 +530,23 @@ fn topology_golden() {
     assert!(!text.contains("10.180.0.3 . 8080"), "zone-b endpoint unused in zone-a");
     assert!(text.contains("172.30.0.43 . tcp . 80 comment \"ns3/elsewhere:http\" : drop"), "{text}");
 }
+
+/// Both traffic policies Local on a NodePort: pods and the node reaching it are still
+/// short-circuited to the cluster-wide endpoints, so that chain must exist (as upstream's
+/// `UsesClusterEndpoints`); the kernel would refuse a `goto` to a missing chain.
+#[test]
+fn both_policies_local_keep_the_cluster_chain_for_short_circuits() {
+    let mut svc = crate::bench::cluster::service(0);
+    svc.ports[0].internal_policy_local = true;
+    assert!(svc.ports[0].external_policy_local && svc.ports[0].node_port.is_some());
+    let mut s = ClusterState::new();
+    s.upsert_slice(crate::bench::cluster::slice(0, 4, 0));
+    s.upsert_service(svc);
+    let ruleset = plan_with(&config(), &s).ruleset;
+    let text = ruleset.to_string();
+    assert!(text.contains("short-circuit pod traffic"), "{text}");
+    let mut kernel = FakeNetfilter::new();
+    kernel
+        .apply(&diff(&WireRuleset::default(), &lower_ruleset(&ruleset)))
+        .unwrap_or_else(|e| panic!("kernel refused the plan: {e}\n{text}"));
+}
