@@ -18,6 +18,7 @@ pub mod endpoints;
 pub mod names;
 pub mod slots;
 
+use indexmap::IndexMap;
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
 
@@ -221,21 +222,9 @@ pub fn plan_service(
 /// gain the fragment's elements; where two services claim the same key (conflicting input),
 /// the element merged first stays, so the result depends only on the services' order.
 pub fn merge(table: &mut Table, fragment: Table) {
-    for (name, set) in fragment.sets {
-        match table.sets.get_mut(&name) {
-            Some(have) => {
-                for (key, element) in set.elements {
-                    have.elements.entry(key).or_insert(element);
-                }
-            }
-            None => {
-                table.sets.insert(name, set);
-            }
-        }
-    }
-    for (name, chain) in fragment.chains {
-        table.chains.entry(name).or_insert(chain);
-    }
+    crate::nft::merge_first_claim(&mut table.sets, &mut table.chains, fragment.sets, fragment.chains, |s| {
+        &mut s.elements
+    });
 }
 
 /// Where a set goes in the table: shared sets first, then the endpoint maps in shard order,
@@ -251,9 +240,12 @@ pub fn set_rank(name: &str, infrastructure: bool) -> (u8, Option<(MapKind, u32)>
 
 /// Orders a merged table's sets by [`set_rank`] (a stable sort: planning order otherwise).
 pub fn order_sets(table: &mut Table) {
-    table.sets.sort_by(|a, x, b, y| {
-        set_rank(a, x.owner.is_infrastructure()).cmp(&set_rank(b, y.owner.is_infrastructure()))
-    });
+    order_sets_by(&mut table.sets, |s| s.owner.is_infrastructure());
+}
+
+/// Orders sets by [`set_rank`] (in either form of a table; `infrastructure` tells a set's owner).
+pub fn order_sets_by<S>(sets: &mut IndexMap<String, S>, infrastructure: impl Fn(&S) -> bool) {
+    sets.sort_by(|a, x, b, y| set_rank(a, infrastructure(x)).cmp(&set_rank(b, infrastructure(y))));
 }
 
 /// The health check of a Local-policy LoadBalancer service: the number of distinct local ready

@@ -27,7 +27,7 @@ use crate::nft::lower::{lower_ruleset, lower_table};
 use crate::nft::wire::WireRuleset;
 use crate::nodeaddr::NodePortTargets;
 use crate::plan::slots::SlotTable;
-use crate::plan::{set_rank, self, ConntrackTarget, HealthCheck, Plan, PlanInput, PlanStats, plan};
+use crate::plan::{self, ConntrackTarget, HealthCheck, Plan, PlanInput, PlanStats, plan};
 use programmed::{Programmed, ProgrammedService};
 use crate::source::{Event, Kind};
 
@@ -479,15 +479,19 @@ impl Reconciler {
                 let (name, record, fragments) = ProgrammedService::lower(service_plan, self.state.subset(&svc.name));
                 programmed.insert(name, record, &fragments);
                 for (table, fragment) in tables.iter_mut().zip(fragments) {
-                    programmed::merge(table, fragment);
+                    crate::nft::merge_first_claim(
+                        &mut table.sets,
+                        &mut table.chains,
+                        fragment.sets,
+                        fragment.chains,
+                        |s| &mut s.elements,
+                    );
                 }
                 planned += 1;
             }
             self.slots.finish();
             for table in &mut tables {
-                table.sets.sort_by(|a, x, b, y| {
-                    set_rank(a, x.owner.is_infrastructure()).cmp(&set_rank(b, y.owner.is_infrastructure()))
-                });
+                plan::order_sets_by(&mut table.sets, |s| s.owner.is_infrastructure());
             }
             let diffing = Instant::now();
             let tx = diff_into(&kernel, WireRuleset { tables });

@@ -342,22 +342,3 @@ fn add_own(tables: &mut [WireTable], fragments: &[WireTable], programmed: &Progr
         }
     }
 }
-
-/// Merges a fragment into a table, consuming it: first claim to a key wins.
-pub fn merge(table: &mut WireTable, fragment: WireTable) {
-    for (name, set) in fragment.sets {
-        match table.sets.get_mut(&name) {
-            Some(have) => {
-                for (key, element) in set.elements {
-                    have.elements.entry(key).or_insert(element);
-                }
-            }
-            None => {
-                table.sets.insert(name, set);
-            }
-        }
-    }
-    for (name, chain) in fragment.chains {
-        table.chains.entry(name).or_insert(chain);
-    }
-}
