@@ -37,10 +37,19 @@ fn rbac_grants_exactly_what_a_service_proxy_needs() {
         }
     }
     let expected: BTreeSet<String> = [
-        "/services:get", "/services:list", "/services:watch",
-        "/nodes:get", "/nodes:list", "/nodes:watch",
-        "discovery.k8s.io/endpointslices:get", "discovery.k8s.io/endpointslices:list", "discovery.k8s.io/endpointslices:watch",
-        "/events:create", "/events:patch", "events.k8s.io/events:create", "events.k8s.io/events:patch",
+        "/services:get",
+        "/services:list",
+        "/services:watch",
+        "/nodes:get",
+        "/nodes:list",
+        "/nodes:watch",
+        "discovery.k8s.io/endpointslices:get",
+        "discovery.k8s.io/endpointslices:list",
+        "discovery.k8s.io/endpointslices:watch",
+        "/events:create",
+        "/events:patch",
+        "events.k8s.io/events:create",
+        "events.k8s.io/events:patch",
     ]
     .iter()
     .map(|s| s.to_string())

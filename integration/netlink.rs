@@ -335,8 +335,10 @@ fn one_endpoint_change_sends_only_what_changed() {
     let (planned, second) = ns
         .run(|| {
             let mut k = Kernel::open().unwrap();
-            nftproxy::reconcile::sync_with_kernel(&mut k, &config, |slots| nftproxy::cli::plan_for(&config, &after, slots))
-                .unwrap()
+            nftproxy::reconcile::sync_with_kernel(&mut k, &config, |slots| {
+                nftproxy::cli::plan_for(&config, &after, slots)
+            })
+            .unwrap()
         })
         .unwrap();
     // One endpoint replaced, same count: elements only, in the shared endpoint map (both

@@ -35,6 +35,8 @@ fn many_services(n: usize, bump: bool) -> Snapshot {
 fn reconciler() -> Reconciler {
     let mut config = ProxyConfig::new("node1");
     config.cluster_cidrs = parse_cidrs("x", "10.128.0.0/9").unwrap();
+    // Unowned, so the drift test can tamper with the tables through nft.
+    config.table_ownership = false;
     let kernel = Kernel::open().unwrap();
     let mut r = Reconciler::new(config, Box::new(kernel), local_nodeports());
     r.on_event(Event::Synced(Kind::Services));
@@ -141,11 +143,17 @@ fn run_applies_a_manifest_edit_within_a_second_and_exports_metrics() {
     std::fs::create_dir_all(&dir).unwrap();
     let file = dir.join("cluster.yaml");
     std::fs::write(&file, web_manifests(&[WEB_1])).unwrap();
-    let _proxy = lab.run_proxy(&dir, &["--metrics-bind-address", "127.0.0.1:10249", "--sync-period", "1s"]);
+    let _proxy = lab.run_proxy(
+        &dir,
+        &["--metrics-bind-address", "127.0.0.1:10249", "--sync-period", "1s", "--table-ownership", "false"],
+    );
 
     let edited = Instant::now();
     std::fs::write(&file, web_manifests(&[WEB_1]).replace("10.96.0.20", "10.96.0.21")).unwrap();
-    assert!(lab.eventually(Duration::from_secs(1), || lab.listing().contains("10.96.0.21")), "in the kernel within a second");
+    assert!(
+        lab.eventually(Duration::from_secs(1), || lab.listing().contains("10.96.0.21")),
+        "in the kernel within a second"
+    );
     let latency = edited.elapsed();
     assert!(latency < Duration::from_secs(1), "{latency:?}");
 
@@ -155,7 +163,12 @@ fn run_applies_a_manifest_edit_within_a_second_and_exports_metrics() {
     let (status, metrics) = lab.http_get("node1", "127.0.0.1:10249", "/metrics").unwrap();
     assert_eq!(status, 200);
     let value = |name: &str| -> f64 {
-        metrics.lines().find(|l| l.starts_with(name)).and_then(|l| l.split_whitespace().last()).and_then(|v| v.parse().ok()).unwrap_or(-1.0)
+        metrics
+            .lines()
+            .find(|l| l.starts_with(name))
+            .and_then(|l| l.split_whitespace().last())
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(-1.0)
     };
     assert!(value("nftproxy_drift_repairs_total") >= 1.0, "{metrics}");
     assert!(value("kubeproxy_sync_proxy_rules_service_changes_total") >= 2.0, "{metrics}");

@@ -260,7 +260,10 @@ fn sctp_service_ports() {
     lab.sync(&yaml);
     // The rules are programmed on any kernel, and read as nft would write them.
     assert_eq!(canonicalize(&lab.listing()), canonicalize(&lab.render(&yaml)));
-    assert!(lab.listing().contains("meta l4proto sctp dnat ip to numgen random mod 1048576 offset 1048576 map @endpoints-0"));
+    assert!(
+        lab.listing()
+            .contains("meta l4proto sctp dnat ip to numgen random mod 1048576 offset 1048576 map @endpoints-0")
+    );
     if !traffic::sctp_supported() {
         eprintln!("SKIPPED (SCTP traffic): this kernel has no sctp module (socket(IPPROTO_SCTP) is not supported)");
         return;

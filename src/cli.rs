@@ -164,6 +164,10 @@ pub struct ProxyArgs {
     /// Delete stale UDP/SCTP conntrack entries after each sync (`false` to disable).
     #[arg(long, value_name = "BOOL", default_value_t = true, action = clap::ArgAction::Set)]
     pub conntrack_cleanup: bool,
+    /// Own nftproxy's tables while running so no other process can change them (`flags owner,
+    /// persist`, Linux >= 6.9; ignored on older kernels). `false` allows editing them by hand.
+    #[arg(long, value_name = "BOOL", default_value_t = true, action = clap::ArgAction::Set)]
+    pub table_ownership: bool,
     #[command(flatten)]
     pub table: TableArgs,
 }
@@ -224,6 +228,7 @@ impl ProxyArgs {
         )?;
         c.table = self.table.table.clone();
         c.conntrack_cleanup = self.conntrack_cleanup;
+        c.table_ownership = self.table_ownership;
         c.validate()?;
         Ok(c)
     }

@@ -223,11 +223,15 @@ fn upstream_changes(
         let mut after = before.clone();
         let changed = cluster::service(i).name;
         after.upsert_slice(cluster::slice(i, endpoints, 0));
-        let file = scratch.write("update.nft", &upstream::nft_service_update(&before, &after, &changed, NODE, CLUSTER_CIDR))?;
+        let file = scratch
+            .write("update.nft", &upstream::nft_service_update(&before, &after, &changed, NODE, CLUSTER_CIDR))?;
         let started = Instant::now();
         let out = ns.command("nft").arg("-f").arg(&file).output()?;
         if !out.status.success() {
-            return Err(BenchError::Tool("nft -f (upstream update)".into(), String::from_utf8_lossy(&out.stderr).into()));
+            return Err(BenchError::Tool(
+                "nft -f (upstream update)".into(),
+                String::from_utf8_lossy(&out.stderr).into(),
+            ));
         }
         times.push(started.elapsed());
         before = after;
@@ -240,7 +244,13 @@ fn render_own(state: &ClusterState) -> String {
     crate::cli::plan_for(&config, state, &mut SlotTable::new()).ruleset.to_string()
 }
 
-fn spawn_worker(ns: &Netns, phase: Phase, size: Size, args: &BenchArgs, file: Option<&Path>) -> Result<WorkerReport, BenchError> {
+fn spawn_worker(
+    ns: &Netns,
+    phase: Phase,
+    size: Size,
+    args: &BenchArgs,
+    file: Option<&Path>,
+) -> Result<WorkerReport, BenchError> {
     let exe = std::env::current_exe()?;
     let phase_name = match phase {
         Phase::Cold => "cold",
@@ -263,7 +273,8 @@ fn spawn_worker(ns: &Netns, phase: Phase, size: Size, args: &BenchArgs, file: Op
     }
     let stdout = String::from_utf8_lossy(&out.stdout);
     let line = stdout.lines().last().unwrap_or_default();
-    serde_json::from_str(line).map_err(|e| BenchError::Worker(format!("{phase_name} at {size}: unreadable report: {e}")))
+    serde_json::from_str(line)
+        .map_err(|e| BenchError::Worker(format!("{phase_name} at {size}: unreadable report: {e}")))
 }
 
 /// A directory for the generated nft files, removed on drop.
@@ -293,7 +304,11 @@ impl Drop for Scratch {
 fn machine() -> String {
     let cpu = std::fs::read_to_string("/proc/cpuinfo")
         .ok()
-        .and_then(|c| c.lines().find_map(|l| l.strip_prefix("model name")).map(|v| v.trim_start_matches([' ', '\t', ':']).to_string()))
+        .and_then(|c| {
+            c.lines()
+                .find_map(|l| l.strip_prefix("model name"))
+                .map(|v| v.trim_start_matches([' ', '\t', ':']).to_string())
+        })
         .unwrap_or_else(|| "unknown CPU".into());
     let cores = std::thread::available_parallelism().map_or(0, |n| n.get());
     let kernel = tool_output("uname", &["-r"]);
@@ -356,7 +371,14 @@ fn size_table(size: Size, r: &SizeResult, args: &BenchArgs) -> String {
     let _ = writeln!(out, "| measurement | wall | ours (plan+diff+encode) | kernel | messages |");
     let _ = writeln!(out, "|---|---:|---:|---:|---:|");
     let own_part = |f: &SyncFigures| ms(f.total.saturating_sub(f.kernel));
-    let _ = writeln!(out, "| cold full sync | {} | {} | {} | {} |", ms(cold.total), own_part(&cold), ms(cold.kernel), cold.messages);
+    let _ = writeln!(
+        out,
+        "| cold full sync | {} | {} | {} | {} |",
+        ms(cold.total),
+        own_part(&cold),
+        ms(cold.kernel),
+        cold.messages
+    );
     let _ = writeln!(
         out,
         "| restart sync (read back {}) | {} | {} | {} | {} |",
@@ -367,11 +389,20 @@ fn size_table(size: Size, r: &SizeResult, args: &BenchArgs) -> String {
         restart.messages
     );
     for (label, kinds) in [
-        ("one change, all kinds", &[ChangeKind::EndpointAdded, ChangeKind::EndpointRemoved, ChangeKind::ServiceAdded, ChangeKind::ServiceRemoved][..]),
+        (
+            "one change, all kinds",
+            &[
+                ChangeKind::EndpointAdded,
+                ChangeKind::EndpointRemoved,
+                ChangeKind::ServiceAdded,
+                ChangeKind::ServiceRemoved,
+            ][..],
+        ),
         ("one endpoint added/removed", &[ChangeKind::EndpointAdded, ChangeKind::EndpointRemoved][..]),
         ("one service added/removed", &[ChangeKind::ServiceAdded, ChangeKind::ServiceRemoved][..]),
     ] {
-        let picked: Vec<&SyncFigures> = r.restart.changes.iter().filter(|(k, _)| kinds.contains(k)).map(|(_, f)| f).collect();
+        let picked: Vec<&SyncFigures> =
+            r.restart.changes.iter().filter(|(k, _)| kinds.contains(k)).map(|(_, f)| f).collect();
         if picked.is_empty() {
             continue;
         }
@@ -391,12 +422,29 @@ fn size_table(size: Size, r: &SizeResult, args: &BenchArgs) -> String {
         );
     }
     if let Some((n, b)) = &r.restart.burst {
-        let _ = writeln!(out, "| burst of {n} endpoint changes, one sync | {} | {} | {} | {} |", ms(b.total), own_part(b), ms(b.kernel), b.messages);
+        let _ = writeln!(
+            out,
+            "| burst of {n} endpoint changes, one sync | {} | {} | {} | {} |",
+            ms(b.total),
+            own_part(b),
+            ms(b.kernel),
+            b.messages
+        );
     }
-    let _ = writeln!(out, "| peak RSS (cold / restart+changes) | {} / {} | | | |", mib(r.cold.peak_rss), mib(r.restart.peak_rss));
+    let _ = writeln!(
+        out,
+        "| peak RSS (cold / restart+changes) | {} / {} | | | |",
+        mib(r.cold.peak_rss),
+        mib(r.restart.peak_rss)
+    );
     if !args.no_anchors {
         let rss = |r: &Option<WorkerReport>| r.as_ref().map_or("-".into(), |w| mib(w.peak_rss));
-        let _ = writeln!(out, "| anchor: our `render` with `nft -f` | {} | | | nft peak RSS {} |", anchor(&r.own_nft, args.anchor_cap), rss(&r.own_nft));
+        let _ = writeln!(
+            out,
+            "| anchor: our `render` with `nft -f` | {} | | | nft peak RSS {} |",
+            anchor(&r.own_nft, args.anchor_cap),
+            rss(&r.own_nft)
+        );
         let _ = writeln!(
             out,
             "| anchor: upstream-shaped (kube-proxy 1.33) with `nft -f` | {} | | | nft peak RSS {} |",
@@ -428,7 +476,9 @@ fn summary_table(results: &[(Size, SizeResult)], args: &BenchArgs) -> String {
     for (size, r) in results {
         let cold = r.cold.sync.unwrap_or_default().total;
         let ratio = |report: &Option<WorkerReport>| match report {
-            Some(WorkerReport { nft_file: Some(t), .. }) => format!("{:.1}×", t.as_secs_f64() / cold.as_secs_f64().max(1e-9)),
+            Some(WorkerReport { nft_file: Some(t), .. }) => {
+                format!("{:.1}×", t.as_secs_f64() / cold.as_secs_f64().max(1e-9))
+            }
             Some(_) => format!("> {:.0}×", args.anchor_cap.as_secs_f64() / cold.as_secs_f64().max(1e-9)),
             None => "-".into(),
         };

@@ -70,6 +70,10 @@ pub struct ProxyConfig {
     pub table: String,
     /// Delete stale UDP/SCTP conntrack entries after each sync.
     pub conntrack_cleanup: bool,
+    /// Claim nftproxy's tables (`flags owner, persist`, Linux ≥ 6.9) so that no other process
+    /// can change them while nftproxy runs; they outlive the process and are claimed again by
+    /// the next one. Off for operators who need to edit the tables by hand.
+    pub table_ownership: bool,
 }
 
 impl ProxyConfig {
@@ -87,6 +91,7 @@ impl ProxyConfig {
             nodeport_addresses: NodePortAddresses::Primary,
             table: Self::DEFAULT_TABLE.to_string(),
             conntrack_cleanup: true,
+            table_ownership: true,
         }
     }
 

@@ -7,10 +7,10 @@
 
 pub mod convert;
 
-use std::sync::Arc;
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 use std::net::IpAddr;
+use std::sync::Arc;
 
 use ipnet::IpNet;
 

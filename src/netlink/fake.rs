@@ -21,6 +21,9 @@ pub struct FakeNetfilter {
     pub applied: Vec<Transaction>,
     /// Fail the next transaction that contains an operation whose text contains this string.
     pub fail_on: Option<String>,
+    /// Refuse every object (chain, rule, set, element) whose owner starts with this string,
+    /// naming that owner alone, as the kernel's extended ACK lets the real edge do.
+    pub refuse_owner: Option<String>,
 }
 
 impl FakeNetfilter {
@@ -49,6 +52,17 @@ impl Netfilter for FakeNetfilter {
                 && op.to_string().contains(pattern.as_str())
             {
                 return Err(err(i, tx, libc::EINVAL));
+            }
+            if let Some(prefix) = &self.refuse_owner
+                && let Some(owner) = op.owners().into_iter().find(|o| o.as_str().starts_with(prefix.as_str()))
+            {
+                return Err(NetlinkError::Rejected(vec![MessageFailure {
+                    op_index: i,
+                    op: op.to_string(),
+                    errno: libc::EINVAL,
+                    owners: vec![owner],
+                    text: None,
+                }]));
             }
             apply_op(&mut state, op).map_err(|errno| err(i, tx, errno))?;
         }

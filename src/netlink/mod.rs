@@ -5,6 +5,7 @@ pub mod conntrack;
 mod decode;
 mod encode;
 pub mod fake;
+pub mod fault;
 #[allow(unsafe_code)]
 mod socket;
 #[allow(unsafe_code)]

@@ -2,15 +2,22 @@
 //!
 //! nft prints sets and chains in the order they were created and set elements in hash order,
 //! wrapped to its line width. Canonical text sorts tables, blocks and elements and puts one
-//! element per line, and drops `#` comment lines; everything else (every rule, every attribute
-//! line) must match exactly.
+//! element per line, and drops `#` comments (lines, and nft's `# progname` after an owned table's
+//! header) and the table's `flags` line (ownership belongs
+//! to the running process, not to the planned ruleset; nft 1.0.6 prints `owner`/`persist` as a
+//! bare `flags`); everything else (every rule, every attribute line) must match exactly.
 
 /// Canonical form of ruleset text.
 pub fn canonicalize(text: &str) -> String {
     let mut tables: Vec<String> = Vec::new();
     let mut lines = text.lines().peekable();
     while let Some(line) = lines.next() {
-        let trimmed = line.trim();
+        // An owned table's header carries nft's `# progname …` comment.
+        let trimmed = match line.trim().split_once(" { #") {
+            Some((header, _)) if header.starts_with("table ") => format!("{header} {{"),
+            _ => line.trim().to_string(),
+        };
+        let trimmed = trimmed.as_str();
         if trimmed.is_empty() || trimmed.starts_with('#') {
             continue;
         }
@@ -49,7 +56,7 @@ fn canonical_table_body(body: &[String]) -> String {
             }
             i += 1;
             blocks.push(format!("\t{line}\n{}\t}}\n", canonical_block(&block_lines)));
-        } else {
+        } else if line != "flags" && !line.starts_with("flags ") {
             header.push(format!("\t{line}\n"));
         }
     }

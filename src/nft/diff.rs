@@ -122,10 +122,12 @@ fn op(table: &WireTable, kind: OpKind, owner: Owner) -> Op {
     Op { family: table.family, table: table.name.clone(), kind, owner }
 }
 
-/// Whether the table must be replaced as a whole (inside the same transaction): its comment or a
-/// chain's hook or comment changed, which the kernel cannot update in place.
+/// Whether the table must be replaced as a whole (inside the same transaction): its comment, a
+/// chain's hook or comment, or its `persist` flag changed, which the kernel cannot update in
+/// place (it refuses to toggle `NFT_TABLE_F_PERSIST` with `EOPNOTSUPP`, Linux 6.9).
 fn needs_rebuild(have: &WireTable, want: &WireTable) -> bool {
     have.userdata != want.userdata
+        || (have.flags ^ want.flags) & super::wire::consts::TABLE_F_PERSIST != 0
         || want.chains.values().any(|c| have.chains.get(&c.name).is_some_and(|h| !h.same_spec(c)))
 }
 

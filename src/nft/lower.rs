@@ -364,14 +364,9 @@ pub fn set_spec(shape: SetShape, timeout_secs: Option<u32>, comment: Option<&str
             let data = concat(&[t, TYPE_INET_SERVICE]);
             (SET_MAP | SET_INTERVAL, TYPE_INTEGER, 4, Some(data), l + 4, hex(blob))
         }
-        SetShape::EndpointChains => (
-            SET_MAP | SET_INTERVAL,
-            TYPE_INTEGER,
-            4,
-            Some(DATA_VERDICT),
-            0,
-            hex(udata_prefix::NUMGEN_TO_VERDICT),
-        ),
+        SetShape::EndpointChains => {
+            (SET_MAP | SET_INTERVAL, TYPE_INTEGER, 4, Some(DATA_VERDICT), 0, hex(udata_prefix::NUMGEN_TO_VERDICT))
+        }
     };
     if let Some(c) = comment {
         udata::put_str(&mut ud, udata::SET_COMMENT, c);
@@ -444,7 +439,8 @@ pub fn lower_set(set: &Set) -> WireSet {
                 let Some(Value::IndexRange(lo, hi)) = key.first() else { continue };
                 elements.insert(WireKey::new(&lo.to_be_bytes()), lower_element(element, &mut comments));
                 if let Some(end) = hi.checked_add(1) {
-                    let end_element = WireElement { data: WireData::None, userdata: None, owner: element.owner.clone() };
+                    let end_element =
+                        WireElement { data: WireData::None, userdata: None, owner: element.owner.clone() };
                     elements.insert(WireKey::end(&end.to_be_bytes()), end_element);
                 }
             }

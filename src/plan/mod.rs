@@ -334,7 +334,9 @@ fn shared_set(family: IpFamily, name: &str) -> Set {
     let infra = Owner::infrastructure();
     let (shape, comment) = match name {
         CLUSTER_IPS => (SetShape::Addresses(family), "Active ClusterIPs"),
-        FIREWALL_IPS => (SetShape::ServiceVerdicts(family), "destinations that are subject to LoadBalancerSourceRanges"),
+        FIREWALL_IPS => {
+            (SetShape::ServiceVerdicts(family), "destinations that are subject to LoadBalancerSourceRanges")
+        }
         NO_ENDPOINT_NODEPORTS => {
             (SetShape::PortVerdicts, "vmap to drop or reject packets to service nodeports with no endpoints")
         }
@@ -384,7 +386,8 @@ fn infrastructure(family: IpFamily, input: &PlanInput<'_>) -> Table {
     }
     let cidrs = local_cidrs(family, input);
     if cidrs.len() > 1 {
-        let mut set = Set::new(CLUSTER_CIDRS, SetShape::Prefixes(family), infra()).with_comment("pod ranges (detect-local)");
+        let mut set =
+            Set::new(CLUSTER_CIDRS, SetShape::Prefixes(family), infra()).with_comment("pod ranges (detect-local)");
         for net in IpNet::aggregate(&cidrs) {
             set.insert(vec![Value::Prefix(net)], Element::key_only(infra()));
         }
@@ -496,7 +499,10 @@ fn endpoint_map(table: &mut Table, family: IpFamily, kind: MapKind, shard: u32) 
     let name = kind.map_name(shard);
     table.sets.entry(name.clone()).or_insert_with(|| {
         let (shape, comment) = match kind {
-            MapKind::Targets => (SetShape::EndpointTargets(family), "service port endpoints: a numgen window per port, a range per endpoint"),
+            MapKind::Targets => (
+                SetShape::EndpointTargets(family),
+                "service port endpoints: a numgen window per port, a range per endpoint",
+            ),
             MapKind::Chains => {
                 (SetShape::EndpointChains, "endpoint chains of service ports with session affinity: a window per port")
             }

@@ -253,8 +253,11 @@ impl SlotTable {
             for chain in table.chains.values() {
                 for rule in &chain.rules {
                     for triple in rule.exprs.windows(3) {
-                        let [LowExpr::Numgen { modulus, offset, .. }, LowExpr::Byteorder { .. }, LowExpr::Lookup { set, .. }] =
-                            triple
+                        let [
+                            LowExpr::Numgen { modulus, offset, .. },
+                            LowExpr::Byteorder { .. },
+                            LowExpr::Lookup { set, .. },
+                        ] = triple
                         else {
                             continue;
                         };

@@ -11,7 +11,7 @@
 pub mod programmed;
 pub mod runner;
 
-use std::collections::{BTreeSet, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::fmt;
 use std::time::{Duration, Instant};
 
@@ -19,17 +19,20 @@ use thiserror::Error;
 use tracing::{debug, info, info_span, warn};
 
 use crate::config::ProxyConfig;
-use crate::model::{ClusterState, EndpointSliceInfo, NamespacedName, NodeInfo, Problem, ServiceInfo, convert};
+use crate::model::{
+    ClusterState, EndpointSliceInfo, NamespacedName, NodeInfo, ObjectRef, Problem, ServiceInfo, convert,
+};
 use crate::net::IpFamily;
 use crate::netlink::{ApplyStats, Netfilter, NetlinkError};
+use crate::nft::ast::Owner;
 use crate::nft::diff::{Transaction, diff, diff_into};
 use crate::nft::lower::{lower_ruleset, lower_table};
-use crate::nft::wire::WireRuleset;
+use crate::nft::wire::{WireRuleset, WireTable, consts};
 use crate::nodeaddr::NodePortTargets;
 use crate::plan::slots::SlotTable;
 use crate::plan::{self, ConntrackTarget, HealthCheck, Plan, PlanInput, PlanStats, plan};
-use programmed::{Programmed, ProgrammedService};
 use crate::source::{Event, Kind};
+use programmed::{Programmed, ProgrammedService};
 
 /// Errors of a sync.
 #[derive(Debug, Error)]
@@ -101,7 +104,12 @@ pub fn sync_with_kernel(
     let plan = make_plan(&mut SlotTable::from_kernel(&current));
     let plan_time = planning.elapsed();
     let diffed = Instant::now();
-    let desired = lower_ruleset(&plan.ruleset);
+    let mut desired = lower_ruleset(&plan.ruleset);
+    // A one-shot sync exits at once: owning the tables would mean nothing, so it keeps their
+    // flags as they are (the kernel refuses to toggle `persist`).
+    for table in &mut desired.tables {
+        table.flags = table_flags(false, current.table(table.family));
+    }
     let transaction = diff_into(&current, desired);
     let diff_time = diffed.elapsed();
     let apply = nf.apply(&transaction)?;
@@ -119,6 +127,32 @@ pub fn sync_with_kernel(
     };
     Ok((plan, report))
 }
+
+/// The flags nftproxy's table should have. Owned: `owner` and `persist`, so no other process
+/// can change the table while nftproxy runs and it outlives the process (Linux ≥ 6.9 lets a new
+/// process claim an orphaned persistent table, in the transaction that updates it). Not owned:
+/// whatever `persist` the kernel's table has, since that flag cannot be toggled.
+pub fn table_flags(owned: bool, have: Option<&WireTable>) -> u32 {
+    if owned {
+        consts::TABLE_F_OWNER | consts::TABLE_F_PERSIST
+    } else {
+        have.map_or(0, |t| t.flags & consts::TABLE_F_PERSIST)
+    }
+}
+
+/// The service an owner names (`ns/name:port` → `ns/name`); `None` for nftproxy's own objects.
+pub fn owner_service(owner: &Owner) -> Option<NamespacedName> {
+    if owner.is_infrastructure() {
+        return None;
+    }
+    let service = owner.as_str().split(':').next()?;
+    let (namespace, name) = service.split_once('/')?;
+    Some(NamespacedName::new(namespace, name))
+}
+
+/// How many times one sync excludes a refused service and tries again before giving up (the
+/// next sync, after a backoff, goes on where this one stopped).
+const MAX_RETRIES_PER_SYNC: usize = 16;
 
 /// Deletes nftproxy's tables (and nothing else). Returns how many there were.
 pub fn cleanup(nf: &mut dyn Netfilter, config: &ProxyConfig) -> Result<usize, SyncError> {
@@ -172,6 +206,11 @@ pub struct Reconciler {
     needs_full: bool,
     problems: Vec<Problem>,
     changes: Changes,
+    /// Services left out because the kernel refused their objects, with the reason; each gets
+    /// another chance when it changes.
+    excluded: BTreeMap<NamespacedName, String>,
+    /// Whether the tables are claimed (`--table-ownership`, unless the kernel cannot).
+    ownership: bool,
 }
 
 /// Changes folded in since the last [`Reconciler::take_changes`].
@@ -187,7 +226,6 @@ impl Reconciler {
     /// A reconciler applying to `nf`.
     pub fn new(config: ProxyConfig, nf: Box<dyn Netfilter>, nodeports: NodePortResolver) -> Reconciler {
         Reconciler {
-            config,
             nf,
             nodeports,
             state: ClusterState::new(),
@@ -200,7 +238,20 @@ impl Reconciler {
             needs_full: true,
             problems: Vec::new(),
             changes: Changes::default(),
+            excluded: BTreeMap::new(),
+            ownership: config.table_ownership,
+            config,
         }
+    }
+
+    /// Services the kernel refused, left out of the ruleset until they change, and why.
+    pub fn excluded(&self) -> &BTreeMap<NamespacedName, String> {
+        &self.excluded
+    }
+
+    /// Whether nftproxy's tables are claimed (owned) by this process.
+    pub fn owns_tables(&self) -> bool {
+        self.ownership
     }
 
     /// The configuration.
@@ -403,13 +454,79 @@ impl Reconciler {
         }
     }
 
-    /// Plans and applies. `full` forces a read-back of the kernel's tables.
+    /// Plans and applies as one transaction, working around what the kernel refuses: when it
+    /// rejects a transaction (which changes nothing: it is atomic), the service that the first
+    /// refused message belonged to is left out, reported (a log line, an Event, a metric), and
+    /// the rest applied in a new full transaction. A kernel that cannot keep owned tables gets
+    /// unowned ones. Failures of nftproxy's own objects are returned (the caller backs off).
+    pub fn sync(&mut self, reason: SyncReason, full: bool) -> Result<Synced, SyncError> {
+        for name in &self.pending {
+            if self.excluded.remove(name).is_some() {
+                info!(service = %name, "trying again a service the kernel refused: it changed");
+            }
+        }
+        let mut full = full;
+        for _ in 0..MAX_RETRIES_PER_SYNC {
+            let failures = match self.sync_once(reason, full) {
+                Err(SyncError::Netlink(NetlinkError::Rejected(failures))) => failures,
+                other => return other,
+            };
+            full = true;
+            // Kernels before 6.9 do not know `persist` (before 5.12 not `owner`): EOPNOTSUPP.
+            if self.ownership && failures.iter().any(|f| f.op.starts_with("add table ") && f.errno == libc::EOPNOTSUPP)
+            {
+                warn!("this kernel cannot keep owned tables (NFT_TABLE_F_PERSIST needs Linux 6.9): ownership off");
+                self.ownership = false;
+                continue;
+            }
+            // Later failures may only follow from the first (an element naming a refused chain).
+            let first = failures.iter().min_by_key(|f| f.op_index);
+            let culprits: Vec<NamespacedName> = match first {
+                Some(f) if !f.owners.iter().any(Owner::is_infrastructure) => {
+                    f.owners.iter().filter_map(owner_service).filter(|n| !self.excluded.contains_key(n)).collect()
+                }
+                _ => Vec::new(),
+            };
+            let Some(first) = first.filter(|_| !culprits.is_empty()) else {
+                return Err(NetlinkError::Rejected(failures).into());
+            };
+            let reason = format!("the kernel refused its rules, so it is not programmed: {first}");
+            let problems = culprits
+                .into_iter()
+                .map(|name| {
+                    self.excluded.insert(name.clone(), reason.clone());
+                    Problem {
+                        object: ObjectRef { kind: "Service", namespace: Some(name.namespace), name: name.name },
+                        field: String::new(),
+                        reason: reason.clone(),
+                        object_skipped: true,
+                    }
+                })
+                .collect();
+            self.report(problems);
+        }
+        Err(SyncError::Internal("the kernel kept refusing services; giving up for this sync"))
+    }
+
+    /// The cluster state without the excluded services (what is planned for `render`).
+    fn plannable_state(&self) -> std::borrow::Cow<'_, ClusterState> {
+        if self.excluded.is_empty() {
+            return std::borrow::Cow::Borrowed(&self.state);
+        }
+        let mut state = self.state.clone();
+        for name in self.excluded.keys() {
+            state.remove_service(name);
+        }
+        std::borrow::Cow::Owned(state)
+    }
+
+    /// Plans and applies once. `full` forces a read-back of the kernel's tables.
     ///
     /// Only services with pending changes are planned again, unless something every service
     /// depends on changed (the node, node-port addresses, the IP families in use) or nothing
     /// is programmed yet; the transaction holds only their difference, or on a full sync
     /// everything that differs from what the kernel holds.
-    pub fn sync(&mut self, reason: SyncReason, full: bool) -> Result<Synced, SyncError> {
+    fn sync_once(&mut self, reason: SyncReason, full: bool) -> Result<Synced, SyncError> {
         let span = info_span!("sync", %reason, full = full || self.needs_full());
         let _enter = span.enter();
         let started = Instant::now();
@@ -461,8 +578,12 @@ impl Reconciler {
         }
 
         let planning = Instant::now();
-        let input =
-            PlanInput { config: &self.config, state: &self.state, nodeports_v4: &targets.v4, nodeports_v6: &targets.v6 };
+        let input = PlanInput {
+            config: &self.config,
+            state: &self.state,
+            nodeports_v4: &targets.v4,
+            nodeports_v6: &targets.v6,
+        };
         let mut drift_repairs = 0;
         let diff_time;
         let (transaction, planned_services) = if full {
@@ -474,7 +595,7 @@ impl Reconciler {
             let mut tables = infrastructure.clone();
             let mut programmed = Programmed::new(families.clone(), infrastructure);
             let mut planned = 0;
-            for svc in self.state.services() {
+            for svc in self.state.services().filter(|s| !self.excluded.contains_key(&s.name)) {
                 let service_plan = plan::plan_service(&input, &families, svc, &mut self.slots);
                 let (name, record, fragments) = ProgrammedService::lower(service_plan, self.state.subset(&svc.name));
                 programmed.insert(name, record, &fragments);
@@ -492,6 +613,7 @@ impl Reconciler {
             self.slots.finish();
             for table in &mut tables {
                 plan::order_sets_by(&mut table.sets, |s| s.owner.is_infrastructure());
+                table.flags = table_flags(self.ownership, kernel.table(table.family));
             }
             let diffing = Instant::now();
             let tx = diff_into(&kernel, WireRuleset { tables });
@@ -514,7 +636,7 @@ impl Reconciler {
             self.slots.begin();
             let mut changes = Vec::with_capacity(self.pending.len());
             for (name, old) in self.pending.iter().zip(olds) {
-                let new = self.state.service(name).map(|svc| {
+                let new = self.state.service(name).filter(|_| !self.excluded.contains_key(name)).map(|svc| {
                     let (_, record, fragments) = ProgrammedService::lower(
                         plan::plan_service(&input, &families, svc, &mut self.slots),
                         self.state.subset(name),
@@ -523,8 +645,10 @@ impl Reconciler {
                 });
                 changes.push((name.clone(), old, new));
             }
-            let old_chains: Vec<(IpFamily, String)> =
-                changes.iter().flat_map(|(_, old, _)| programmed::chains(old).map(|(f, c)| (f, c.to_string()))).collect();
+            let old_chains: Vec<(IpFamily, String)> = changes
+                .iter()
+                .flat_map(|(_, old, _)| programmed::chains(old).map(|(f, c)| (f, c.to_string())))
+                .collect();
             self.slots.finish_for(old_chains.iter().map(|(f, c)| (*f, c.as_str())));
             let planned = changes.len();
             let diffing = Instant::now();
@@ -607,9 +731,14 @@ impl Reconciler {
             Some(t) => t.clone(),
             None => (self.nodeports)(&self.config, self.state.node()),
         };
+        let state = self.plannable_state();
         let input =
-            PlanInput { config: &self.config, state: &self.state, nodeports_v4: &targets.v4, nodeports_v6: &targets.v6 };
-        lower_ruleset(&plan(&input, &mut self.slots.clone()).ruleset)
+            PlanInput { config: &self.config, state: &state, nodeports_v4: &targets.v4, nodeports_v6: &targets.v6 };
+        let mut desired = lower_ruleset(&plan(&input, &mut self.slots.clone()).ruleset);
+        for table in &mut desired.tables {
+            table.flags = table_flags(self.ownership, None);
+        }
+        desired
     }
 
     /// The programmed ruleset as nft text (what `nft list ruleset` should show).
@@ -618,8 +747,9 @@ impl Reconciler {
             Some(t) => t.clone(),
             None => (self.nodeports)(&self.config, self.state.node()),
         };
+        let state = self.plannable_state();
         let input =
-            PlanInput { config: &self.config, state: &self.state, nodeports_v4: &targets.v4, nodeports_v6: &targets.v6 };
+            PlanInput { config: &self.config, state: &state, nodeports_v4: &targets.v4, nodeports_v6: &targets.v6 };
         plan(&input, &mut self.slots.clone()).ruleset.to_string()
     }
 }
@@ -635,8 +765,7 @@ fn replan_service(
     service: &ProgrammedService,
 ) -> programmed::Fragments {
     let Some(svc) = service.state.service(name) else { return Vec::new() };
-    let input =
-        PlanInput { config, state: &service.state, nodeports_v4: &targets.v4, nodeports_v6: &targets.v6 };
+    let input = PlanInput { config, state: &service.state, nodeports_v4: &targets.v4, nodeports_v6: &targets.v6 };
     slots.set_frozen(true);
     let fragments = plan::plan_service(&input, families, svc, slots).fragments;
     slots.set_frozen(false);

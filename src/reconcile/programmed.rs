@@ -87,7 +87,13 @@ pub struct Programmed {
 impl Programmed {
     /// The programmed state of the infrastructure tables (one per family), no services yet.
     pub fn new(families: Vec<IpFamily>, infrastructure: Vec<WireTable>) -> Programmed {
-        Programmed { families, infrastructure, services: BTreeMap::new(), claims: HashMap::new(), shards: HashMap::new() }
+        Programmed {
+            families,
+            infrastructure,
+            services: BTreeMap::new(),
+            claims: HashMap::new(),
+            shards: HashMap::new(),
+        }
     }
 
     /// Records a service planned into `fragments` (which the caller merges into the ruleset).
@@ -195,8 +201,11 @@ impl Programmed {
         if set == HAIRPIN {
             // Hairpin elements are the same whoever claims them (only the owner differs, and
             // only content is compared).
-            return (claim.count > 0)
-                .then(|| WireElement { data: WireData::None, userdata: None, owner: Owner::infrastructure() });
+            return (claim.count > 0).then(|| WireElement {
+                data: WireData::None,
+                userdata: None,
+                owner: Owner::infrastructure(),
+            });
         }
         // The first claimant in name order wins, as when the whole ruleset is planned.
         let first = claim.names.first()?;
@@ -213,11 +222,7 @@ impl Programmed {
     /// its new version (`None`: the service is gone), and returns the operations that take
     /// the kernel from the old state to the new one. `replan` plans other services again when
     /// a contested shared key needs their element.
-    pub fn replace(
-        &mut self,
-        changes: Vec<Change>,
-        replan: &mut Replan<'_>,
-    ) -> Transaction {
+    pub fn replace(&mut self, changes: Vec<Change>, replan: &mut Replan<'_>) -> Transaction {
         // Every shared key the changed services claim, before or after, with the claimant
         // (an index into `changes`) on each side.
         type Claimants = (Option<usize>, Option<usize>);

@@ -33,7 +33,11 @@ fn reconciler(kernel: &SharedKernel) -> Reconciler {
         v4: NodePorts::Addresses(vec![IpAddr::V4(Ipv4Addr::new(192, 168, 0, 2))]),
         v6: NodePorts::Addresses(vec![]),
     };
-    let mut r = Reconciler::new(config, Box::new(kernel.clone()), Box::new(move |_: &ProxyConfig, _: Option<&NodeInfo>| targets.clone()));
+    let mut r = Reconciler::new(
+        config,
+        Box::new(kernel.clone()),
+        Box::new(move |_: &ProxyConfig, _: Option<&NodeInfo>| targets.clone()),
+    );
     r.on_event(Event::Synced(Kind::Services));
     r.on_event(Event::Synced(Kind::EndpointSlices));
     r
@@ -197,4 +201,70 @@ fn a_failed_sync_forgets_its_memory_and_the_next_full_sync_converges() {
     assert!(synced.report.full);
     let desired = r.desired();
     assert!(diff(&kernel.0.lock().unwrap().state, &desired).is_empty());
+}
+
+#[test]
+fn a_service_the_kernel_refuses_is_left_out_reported_and_retried_when_it_changes() {
+    let kernel = SharedKernel::default();
+    let mut r = reconciler(&kernel);
+    r.replace_state(cluster::state(Size { services: 20, endpoints: 3 }));
+    kernel.0.lock().unwrap().refuse_owner = Some("ns7/svc7:".into());
+    let synced = r.sync(SyncReason::Startup, true).expect("the others are applied");
+    assert!(synced.report.full);
+    let bad = cluster::service(7).name;
+    assert_eq!(r.excluded().keys().collect::<Vec<_>>(), vec![&bad]);
+    let problems = r.take_problems();
+    assert_eq!(problems.len(), 1, "{problems:?}");
+    assert_eq!(problems[0].object.to_string(), "Service ns7/svc7");
+    assert!(problems[0].object_skipped, "{}", problems[0]);
+    assert!(problems[0].reason.contains("refused its rules"), "{}", problems[0]);
+    {
+        let k = kernel.0.lock().unwrap();
+        assert!(diff(&k.state, &r.desired()).is_empty(), "the kernel holds everything but the refused service");
+        let listing = r.render();
+        assert!(!listing.contains("ns7/svc7:"), "the refused service is not programmed");
+        assert!(listing.contains("ns8/svc8:") && listing.contains("ns6/svc6:"));
+    }
+
+    // Partial syncs of other services go on while it stays out.
+    change(&mut r, |s| {
+        s.upsert_slice(cluster::slice(3, 5, 1));
+    });
+    let synced = r.sync(SyncReason::Changes, false).unwrap();
+    assert!(!synced.report.full);
+    assert!(r.excluded().contains_key(&bad));
+
+    // Once the kernel accepts it and it changes, it is programmed again.
+    kernel.0.lock().unwrap().refuse_owner = None;
+    change(&mut r, |s| {
+        s.upsert_slice(cluster::slice(7, 2, 1));
+    });
+    check(&mut r, &kernel, "the refused service changed");
+    assert!(r.excluded().is_empty());
+    assert!(r.render().contains("ns7/svc7:"));
+}
+
+#[test]
+fn a_refused_shared_object_fails_the_sync_and_excludes_nobody() {
+    let kernel = SharedKernel::default();
+    let mut r = reconciler(&kernel);
+    r.replace_state(cluster::state(Size { services: 5, endpoints: 2 }));
+    kernel.0.lock().unwrap().fail_on = Some("add chain ip nftproxy services".into());
+    assert!(matches!(r.sync(SyncReason::Startup, true), Err(SyncError::Netlink(NetlinkError::Rejected(_)))));
+    assert!(r.excluded().is_empty() && r.take_problems().is_empty());
+    assert!(r.needs_full());
+    assert!(kernel.0.lock().unwrap().state.tables.is_empty(), "nothing was applied");
+}
+
+#[test]
+fn owned_tables_carry_owner_and_persist_and_unowned_keep_persist() {
+    let kernel = SharedKernel::default();
+    let mut r = reconciler(&kernel);
+    r.replace_state(cluster::state(Size { services: 3, endpoints: 1 }));
+    check(&mut r, &kernel, "initial");
+    let flags = kernel.0.lock().unwrap().state.tables[0].flags;
+    assert_eq!(flags, consts::TABLE_F_OWNER | consts::TABLE_F_PERSIST);
+    let have = kernel.0.lock().unwrap().state.tables[0].clone();
+    assert_eq!(table_flags(false, Some(&have)), consts::TABLE_F_PERSIST, "persist cannot be toggled");
+    assert_eq!(table_flags(false, None), 0);
 }
