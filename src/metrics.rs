@@ -234,6 +234,23 @@ pub fn handler(metrics: Arc<Metrics>) -> Handler {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::health::http::tests::{bounded, free_port, get_path, limits, withstands_hostile_clients};
+
+    /// `/metrics` through the limited server, bound to 127.0.0.1 only.
+    #[tokio::test]
+    async fn metrics_server_withstands_hostile_clients() {
+        bounded(async {
+            let addr = std::net::SocketAddr::from(([127, 0, 0, 1], free_port()));
+            let handle = tokio::runtime::Handle::current();
+            let _stop = crate::health::start(&handle, addr, handler(Metrics::new()), limits()).expect("start");
+            withstands_hostile_clients(addr, "/metrics", limits()).await;
+            let metrics = get_path(addr, "/metrics").await.expect("metrics");
+            assert!(metrics.contains("kubeproxy_sync_proxy_rules_duration_seconds_bucket"), "{metrics}");
+            let mode = get_path(addr, "/proxyMode").await.expect("proxyMode");
+            assert!(mode.ends_with("\r\n\r\nnftables"), "{mode}");
+        })
+        .await
+    }
 
     #[test]
     fn kube_proxy_names_are_exported() {

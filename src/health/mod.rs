@@ -10,7 +10,7 @@
 
 pub mod http;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::net::{IpAddr, Ipv6Addr, SocketAddr};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant, SystemTime};
@@ -150,13 +150,15 @@ pub fn start(rt: &Handle, addr: SocketAddr, handler: Handler, limits: Limits) ->
     Ok(stop_tx)
 }
 
-/// The health-check servers of Local-policy LoadBalancer services, kept in step with the plan.
+/// The health-check servers of Local-policy LoadBalancer services, kept in step with the plan:
+/// one per service port and node-port address. An address that cannot be bound (its port taken,
+/// even briefly by one of ours still closing) is tried again at the next sync, as upstream does.
 pub struct ServiceHealthServers {
     rt: Handle,
     health: Arc<ProxyHealth>,
     limits: Limits,
-    /// (service, port) → one stop switch per listening address.
-    running: BTreeMap<(NamespacedName, u16), Vec<watch::Sender<bool>>>,
+    /// (service, port) → the stop switch of the server on each address it listens on.
+    running: BTreeMap<(NamespacedName, u16), BTreeMap<IpAddr, watch::Sender<bool>>>,
 }
 
 impl ServiceHealthServers {
@@ -165,53 +167,56 @@ impl ServiceHealthServers {
         ServiceHealthServers { rt, health, limits, running: BTreeMap::new() }
     }
 
-    /// Ports currently served.
+    /// Ports served on at least one address.
     pub fn ports(&self) -> Vec<u16> {
-        self.running.keys().map(|(_, p)| *p).collect()
+        self.running.iter().filter(|(_, servers)| !servers.is_empty()).map(|((_, port), _)| *port).collect()
     }
 
-    /// Opens servers for new checks and closes those of services that went away. Addresses are
-    /// the node-port addresses (every address when NodePorts match all).
+    /// Opens servers for new checks and new addresses, and closes those of services that went
+    /// away and of former addresses. Addresses are the node-port addresses (every address when
+    /// NodePorts match all).
     pub fn sync(&mut self, checks: &[HealthCheck], v4: &NodePorts, v6: &NodePorts) {
-        let wanted: BTreeMap<(NamespacedName, u16), ()> =
-            checks.iter().map(|c| ((c.service.clone(), c.port), ())).collect();
-        self.running.retain(|key, stops| {
-            let keep = wanted.contains_key(key);
-            if !keep {
-                info!(service = %key.0, port = key.1, "closing health-check server");
-                for s in stops.iter() {
-                    let _ = s.send(true);
+        let wanted: BTreeSet<(NamespacedName, u16)> = checks.iter().map(|c| (c.service.clone(), c.port)).collect();
+        let addresses = listen_addresses(v4, v6);
+        self.running.retain(|(service, port), servers| {
+            let keep = wanted.contains(&(service.clone(), *port));
+            servers.retain(|ip, stop| {
+                let stays = keep && addresses.contains(ip);
+                if !stays {
+                    info!(service = %service, port, address = %ip, "closing health-check server");
+                    let _ = stop.send(true);
                 }
-            }
+                stays
+            });
             keep
         });
-        let addresses = listen_addresses(v4, v6);
-        for (service, port) in wanted.into_keys() {
-            if self.running.contains_key(&(service.clone(), port)) {
-                continue;
-            }
-            let mut stops = Vec::new();
+        for (service, port) in wanted {
+            let servers = self.running.entry((service.clone(), port)).or_default();
             for ip in &addresses {
+                if servers.contains_key(ip) {
+                    continue;
+                }
                 let handler = service_handler(Arc::clone(&self.health), service.clone());
                 match start(&self.rt, SocketAddr::new(*ip, port), handler, self.limits) {
-                    Ok(stop) => stops.push(stop),
-                    Err(e) => {
-                        warn!(service = %service, port, address = %ip, error = %e, "cannot open health-check server")
+                    Ok(stop) => {
+                        info!(service = %service, port, address = %ip, "health-check server open");
+                        servers.insert(*ip, stop);
                     }
+                    // Left out of `servers`, so the next sync tries again.
+                    Err(e) => warn!(
+                        service = %service, port, address = %ip, error = %e,
+                        "cannot open health-check server; retrying at the next sync"
+                    ),
                 }
             }
-            info!(service = %service, port, addresses = addresses.len(), "health-check server open");
-            self.running.insert((service, port), stops);
         }
     }
 }
 
 impl Drop for ServiceHealthServers {
     fn drop(&mut self) {
-        for stops in self.running.values() {
-            for s in stops {
-                let _ = s.send(true);
-            }
+        for stop in self.running.values().flat_map(BTreeMap::values) {
+            let _ = stop.send(true);
         }
     }
 }
@@ -235,7 +240,88 @@ fn listen_addresses(v4: &NodePorts, v6: &NodePorts) -> Vec<IpAddr> {
 
 #[cfg(test)]
 mod tests {
+    use super::http::tests::{bounded, free_port, get_path, limits, withstands_hostile_clients};
     use super::*;
+
+    /// `/healthz` and `/livez` through the limited server, bound to 127.0.0.1 only.
+    #[tokio::test]
+    async fn healthz_server_withstands_hostile_clients() {
+        bounded(async {
+            let h = ProxyHealth::new(Duration::from_secs(60));
+            let addr = SocketAddr::from(([127, 0, 0, 1], free_port()));
+            let _stop = start(&Handle::current(), addr, proxier_handler(h), limits()).expect("start");
+            withstands_hostile_clients(addr, "/healthz", limits()).await;
+            let livez = get_path(addr, "/livez").await.expect("livez");
+            assert!(livez.starts_with("HTTP/1.1 200"), "{livez}");
+        })
+        .await
+    }
+
+    /// A Local service's health-check server: on the node-port addresses only, limited, and
+    /// closed when the service goes.
+    #[tokio::test]
+    async fn health_check_servers_listen_on_node_port_addresses_only() {
+        bounded(async {
+            let h = ProxyHealth::new(Duration::from_secs(60));
+            let port = free_port();
+            let checks = [HealthCheck { service: NamespacedName::new("ns", "lb"), port, local_endpoints: 2 }];
+            h.updated(&checks);
+            let mut servers = ServiceHealthServers::new(Handle::current(), h, limits());
+            let v4 = NodePorts::Addresses(vec![IpAddr::from([127, 0, 0, 1])]);
+            let v6 = NodePorts::Addresses(Vec::new());
+            servers.sync(&checks, &v4, &v6);
+            assert_eq!(servers.ports(), vec![port]);
+            let addr = SocketAddr::from(([127, 0, 0, 1], port));
+            withstands_hostile_clients(addr, "/", limits()).await;
+            let response = get_path(addr, "/").await.expect("answer");
+            assert!(response.to_ascii_lowercase().contains("x-load-balancing-endpoint-weight: 2"), "{response}");
+            assert!(response.contains("\"localEndpoints\": 2"), "{response}");
+            // The service goes: so does its server.
+            servers.sync(&[], &v4, &v6);
+            assert!(servers.ports().is_empty());
+            stops_listening(addr).await;
+        })
+        .await
+    }
+
+    /// Waits until nothing listens on `addr` any more.
+    async fn stops_listening(addr: SocketAddr) {
+        let deadline = Instant::now() + Duration::from_secs(2);
+        while tokio::net::TcpStream::connect(addr).await.is_ok() {
+            assert!(Instant::now() < deadline, "still listening on {addr}");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    /// A port that cannot be bound is tried again at the next sync, and servers follow the
+    /// node-port addresses when they change.
+    #[tokio::test]
+    async fn health_check_servers_retry_and_follow_addresses() {
+        bounded(async {
+            let h = ProxyHealth::new(Duration::from_secs(60));
+            let port = free_port();
+            let checks = [HealthCheck { service: NamespacedName::new("ns", "lb"), port, local_endpoints: 1 }];
+            h.updated(&checks);
+            let mut servers = ServiceHealthServers::new(Handle::current(), h, limits());
+            let first = SocketAddr::from(([127, 0, 0, 1], port));
+            let second = SocketAddr::from(([127, 0, 0, 2], port));
+            let v6 = NodePorts::Addresses(Vec::new());
+            let on = |addr: SocketAddr| NodePorts::Addresses(vec![addr.ip()]);
+            let squatter = std::net::TcpListener::bind(first).expect("bind");
+            servers.sync(&checks, &on(first), &v6);
+            assert!(servers.ports().is_empty(), "opened on a taken port");
+            drop(squatter);
+            servers.sync(&checks, &on(first), &v6);
+            assert_eq!(servers.ports(), vec![port], "not retried");
+            assert!(get_path(first, "/").await.expect("answer").starts_with("HTTP/1.1 200"));
+            servers.sync(&checks, &on(second), &v6);
+            stops_listening(first).await;
+            assert!(get_path(second, "/").await.expect("answer").starts_with("HTTP/1.1 200"));
+            drop(servers);
+            stops_listening(second).await;
+        })
+        .await
+    }
 
     #[test]
     fn healthy_until_a_change_waits_too_long() {
