@@ -102,3 +102,32 @@ fn the_container_build_is_multi_stage() {
     assert_eq!(text.lines().filter(|l| l.starts_with("FROM ")).count(), 2);
     assert!(text.contains("libnftnl11") && text.contains("libmnl0"));
 }
+
+/// The node agent talks netlink only: no module that `run`, `sync` or `cleanup` uses may start
+/// a program (`nft`, `iptables`, `conntrack`, …). Only the lab (namespaces for tests and the
+/// demo), the demo and the benchmark's anchors do.
+#[test]
+fn the_node_agent_never_runs_external_programs() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let allowed = [src.join("lab"), src.join("bench"), src.join("demo.rs")];
+    let mut stack = vec![src.clone()];
+    let mut checked = 0;
+    while let Some(dir) = stack.pop() {
+        for entry in std::fs::read_dir(&dir).unwrap() {
+            let path = entry.unwrap().path();
+            if allowed.iter().any(|a| path.starts_with(a)) {
+                continue;
+            }
+            if path.is_dir() {
+                stack.push(path);
+            } else if path.extension().is_some_and(|e| e == "rs") {
+                let text = std::fs::read_to_string(&path).unwrap();
+                for needle in ["Command::new", "process::Command", "Command::spawn", "libc::exec", "execvp", "posix_spawn"] {
+                    assert!(!text.contains(needle), "{} uses {needle}: the agent must not run programs", path.display());
+                }
+                checked += 1;
+            }
+        }
+    }
+    assert!(checked > 40, "only {checked} files checked");
+}
