@@ -24,6 +24,9 @@ pub struct FakeNetfilter {
     /// Refuse every object (chain, rule, set, element) whose owner starts with this string,
     /// naming that owner alone, as the kernel's extended ACK lets the real edge do.
     pub refuse_owner: Option<String>,
+    /// Table flags this kernel does not know (`EOPNOTSUPP`, as kernels before 6.9 answer
+    /// `persist`).
+    pub unknown_table_flags: u32,
 }
 
 impl FakeNetfilter {
@@ -52,6 +55,11 @@ impl Netfilter for FakeNetfilter {
                 && op.to_string().contains(pattern.as_str())
             {
                 return Err(err(i, tx, libc::EINVAL));
+            }
+            if let OpKind::AddTable { flags, .. } = &op.kind
+                && flags & self.unknown_table_flags != 0
+            {
+                return Err(err(i, tx, libc::EOPNOTSUPP));
             }
             if let Some(prefix) = &self.refuse_owner
                 && let Some(owner) = op.owners().into_iter().find(|o| o.as_str().starts_with(prefix.as_str()))

@@ -268,3 +268,17 @@ fn owned_tables_carry_owner_and_persist_and_unowned_keep_persist() {
     assert_eq!(table_flags(false, Some(&have)), consts::TABLE_F_PERSIST, "persist cannot be toggled");
     assert_eq!(table_flags(false, None), 0);
 }
+
+#[test]
+fn a_kernel_without_persist_gets_unowned_tables() {
+    let kernel = SharedKernel::default();
+    kernel.0.lock().unwrap().unknown_table_flags = consts::TABLE_F_PERSIST;
+    let mut r = reconciler(&kernel);
+    r.replace_state(cluster::state(Size { services: 3, endpoints: 1 }));
+    assert!(r.owns_tables());
+    r.sync(SyncReason::Startup, true).expect("falls back to unowned tables");
+    assert!(!r.owns_tables());
+    assert!(r.excluded().is_empty());
+    assert!(kernel.0.lock().unwrap().state.tables.iter().all(|t| t.flags == 0));
+    check(&mut r, &kernel, "later syncs");
+}
