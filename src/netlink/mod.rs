@@ -5,6 +5,7 @@ pub mod conntrack;
 mod decode;
 mod encode;
 pub mod fake;
+mod inventory;
 #[allow(unsafe_code)]
 mod socket;
 #[allow(unsafe_code)]
@@ -21,6 +22,9 @@ use crate::nft::diff::Transaction;
 use crate::nft::wire::WireRuleset;
 
 pub use fake::FakeNetfilter;
+pub use inventory::{
+    BaseChainInfo, ChainInfo, ChainPolicy, TABLE_F_DORMANT, TABLE_F_OWNER, TABLE_F_PERSIST, TableFamily, TableInfo,
+};
 
 /// Errors from the kernel edge.
 #[derive(Debug, Error)]
@@ -113,6 +117,13 @@ impl Kernel {
     /// Opens a netfilter socket in the current network namespace.
     pub fn open() -> Result<Kernel, NetlinkError> {
         Ok(Kernel { socket: socket::Socket::open()? })
+    }
+
+    /// Every table of every family in this network namespace (nftproxy's and foreign ones),
+    /// with its chains, the hooks of its base chains and their rule counts, sorted by family
+    /// and name. Reads only; regular chains' rules and sets are not read.
+    pub fn list_tables(&mut self) -> Result<Vec<TableInfo>, NetlinkError> {
+        inventory::list_tables(&mut self.socket)
     }
 }
 
