@@ -35,6 +35,10 @@ pub enum Command {
     Sync(ManifestArgs),
     /// Delete nftproxy's tables (and only those) in the current network namespace.
     Cleanup(TableArgs),
+    /// Report foreign tables and base chains whose hooks and priorities may conflict with
+    /// nftproxy's (a leftover kube-proxy, Docker, firewalld, drop policies, early NAT). Exit
+    /// status: 0 nothing conflicts, 1 warnings or conflicts, 2 the check could not run.
+    Check(CheckArgs),
     /// Run as the node's service proxy: watch the sources and keep the kernel in step.
     Run(RunArgs),
     /// Build a lab of network namespaces, send traffic through a ClusterIP and show the results.
@@ -180,6 +184,28 @@ pub struct TableArgs {
     pub table: String,
 }
 
+/// `check` options.
+#[derive(Debug, Args)]
+pub struct CheckArgs {
+    #[command(flatten)]
+    pub table: TableArgs,
+    /// Report format.
+    #[arg(long, value_name = "FORMAT", default_value = "text")]
+    pub output: CheckOutput,
+}
+
+/// How `check` prints its report.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum CheckOutput {
+    /// Readable text: findings, then every base chain by hook.
+    Text,
+    /// One JSON object (findings with stable `kind` codes, base chains).
+    Json,
+}
+
+/// `check`'s exit status when it could not read the ruleset (1 means it found problems).
+const CHECK_FAILED: u8 = 2;
+
 /// Errors that end a command.
 #[derive(Debug, Error)]
 pub enum CliError {
@@ -197,6 +223,8 @@ pub enum CliError {
     Run(#[from] crate::run::RunError),
     #[error(transparent)]
     Bench(#[from] crate::bench::BenchError),
+    #[error("cannot encode the check report as JSON: {0}")]
+    ReportJson(#[source] serde_json::Error),
     #[error("invalid {flag} {value:?}: expected IP:PORT")]
     Address { flag: &'static str, value: String },
 }
@@ -257,6 +285,17 @@ pub fn plan_for(config: &ProxyConfig, state: &ClusterState, slots: &mut SlotTabl
 /// Runs the CLI; returns the process exit code. `matches` tells flags given on the command line
 /// from defaults (a config file sits between them).
 pub fn run(cli: Cli, matches: Option<&clap::ArgMatches>) -> ExitCode {
+    // `check` has its own exit statuses: 1 reports findings, so a failure to check is 2.
+    if let Command::Check(args) = &cli.command {
+        return match check(args) {
+            Ok(code) => ExitCode::from(code),
+            Err(e) => {
+                error!("{e}");
+                eprintln!("error: {e}");
+                ExitCode::from(CHECK_FAILED)
+            }
+        };
+    }
     match execute(cli, matches) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
@@ -265,6 +304,30 @@ pub fn run(cli: Cli, matches: Option<&clap::ArgMatches>) -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+/// Reads every table here over netlink, checks it against nftproxy's base chains and prints the
+/// report; returns the exit status (0 nothing conflicts, 1 warnings or conflicts).
+fn check(args: &CheckArgs) -> Result<u8, CliError> {
+    let tables = Kernel::open()?.list_tables()?;
+    let ports: Vec<u32> = tables.iter().filter_map(|t| t.owner).collect();
+    let owners = crate::check::host::netlink_owners(&ports);
+    let legacy = crate::check::host::legacy_iptables();
+    let ours = crate::plan::base_chains();
+    let report = crate::check::check(&crate::check::CheckInput {
+        tables: &tables,
+        table: &args.table.table,
+        ours: &ours,
+        owners: &owners,
+        legacy_iptables: &legacy,
+    });
+    match args.output {
+        CheckOutput::Text => print!("{}", report.to_text()),
+        CheckOutput::Json => {
+            println!("{}", serde_json::to_string_pretty(&report).map_err(CliError::ReportJson)?)
+        }
+    }
+    Ok(report.exit_code())
 }
 
 fn execute(cli: Cli, matches: Option<&clap::ArgMatches>) -> Result<(), CliError> {
@@ -303,6 +366,10 @@ fn execute(cli: Cli, matches: Option<&clap::ArgMatches>) -> Result<(), CliError>
             let n = reconcile::cleanup(&mut kernel, &config)?;
             println!("deleted {n} nftproxy table(s)");
             Ok(())
+        }
+        Command::Check(args) => {
+            // Handled by `run`, which owns check's exit statuses.
+            check(&args).map(|_| ())
         }
         Command::Run(args) => {
             let sub = matches.and_then(|m| m.subcommand_matches("run"));

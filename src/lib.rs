@@ -5,6 +5,7 @@
 //! holds → [`netlink`] applies one atomic transaction.
 
 pub mod bench;
+pub mod check;
 pub mod cli;
 pub mod config;
 pub mod conntrack;

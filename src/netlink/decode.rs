@@ -19,15 +19,21 @@ use crate::nft::lower::nfproto;
 use crate::nft::wire::consts::*;
 use crate::nft::wire::*;
 
-const NLM_F_DUMP: u16 = 0x300;
+pub(super) const NLM_F_DUMP: u16 = 0x300;
 const NLM_F_ACK: u16 = 0x4;
 
-fn a(attr: u32) -> u16 {
+pub(super) fn a(attr: u32) -> u16 {
     u16::try_from(attr).unwrap_or(u16::MAX)
 }
 
 /// Builds a request message (GET…) for `obj` in an aligned buffer.
-fn request(kind: u16, family: u16, flags: u16, seq: u32, write: impl FnOnce(*mut libc::nlmsghdr)) -> Vec<u8> {
+pub(super) fn request(
+    kind: u16,
+    family: u16,
+    flags: u16,
+    seq: u32,
+    write: impl FnOnce(*mut libc::nlmsghdr),
+) -> Vec<u8> {
     let mut buf = vec![0u32; 2048];
     #[allow(unsafe_code)]
     // SAFETY: 8 KiB is more than any GET request with a table and object name needs.

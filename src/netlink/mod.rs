@@ -6,6 +6,7 @@ mod decode;
 mod encode;
 pub mod fake;
 pub mod fault;
+mod inventory;
 #[allow(unsafe_code)]
 mod socket;
 #[allow(unsafe_code)]
@@ -22,6 +23,9 @@ use crate::nft::diff::Transaction;
 use crate::nft::wire::WireRuleset;
 
 pub use fake::FakeNetfilter;
+pub use inventory::{
+    BaseChainInfo, ChainInfo, ChainPolicy, TABLE_F_DORMANT, TABLE_F_OWNER, TABLE_F_PERSIST, TableFamily, TableInfo,
+};
 
 /// Errors from the kernel edge.
 #[derive(Debug, Error)]
@@ -114,6 +118,13 @@ impl Kernel {
     /// Opens a netfilter socket in the current network namespace.
     pub fn open() -> Result<Kernel, NetlinkError> {
         Ok(Kernel { socket: socket::Socket::open()? })
+    }
+
+    /// Every table of every family in this network namespace (nftproxy's and foreign ones),
+    /// with its chains, the hooks of its base chains and their rule counts, sorted by family
+    /// and name. Reads only; regular chains' rules and sets are not read.
+    pub fn list_tables(&mut self) -> Result<Vec<TableInfo>, NetlinkError> {
+        inventory::list_tables(&mut self.socket)
     }
 }
 

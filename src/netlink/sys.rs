@@ -151,6 +151,26 @@ impl Chain {
         // SAFETY: valid object; the returned buffer holds `len` bytes owned by the object.
         unsafe { copy_out(sys::nftnl_chain_get_data(self.as_ptr(), attr, &mut len), len) }
     }
+    /// A string-array attribute (`NFTNL_CHAIN_DEVICES`); empty when unset.
+    pub fn get_str_array(&self, attr: u16) -> Vec<String> {
+        let mut out = Vec::new();
+        if !self.is_set(attr) {
+            return out;
+        }
+        // SAFETY: valid object; NULL or a NULL-terminated array of C strings owned by the chain.
+        let mut p = unsafe { sys::nftnl_chain_get_array(self.as_ptr(), attr) };
+        while !p.is_null() {
+            // SAFETY: `p` points at an entry of the array, at or before its terminating NULL.
+            let s = unsafe { *p };
+            if s.is_null() {
+                break;
+            }
+            out.extend(opt_str(s));
+            // SAFETY: `s` was not the terminator, so the next entry is still inside the array.
+            p = unsafe { p.add(1) };
+        }
+        out
+    }
 }
 
 impl Rule {

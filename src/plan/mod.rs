@@ -181,6 +181,18 @@ pub fn plan_infrastructure(input: &PlanInput<'_>, families: &[IpFamily]) -> Vec<
     families.iter().map(|f| infrastructure(*f, input)).collect()
 }
 
+/// nftproxy's base chains (name, type, hook, priority), the same in every family's table and
+/// whatever the cluster holds. Taken from the planned infrastructure, so `check` compares
+/// foreign chains with exactly what `sync` creates.
+pub fn base_chains() -> Vec<(String, BaseHook)> {
+    let config = ProxyConfig::new("");
+    let state = ClusterState::default();
+    let nodeports = NodePorts::Addresses(Vec::new());
+    let input = PlanInput { config: &config, state: &state, nodeports_v4: &nodeports, nodeports_v6: &nodeports };
+    let table = infrastructure(IpFamily::V4, &input);
+    table.chains.into_values().filter_map(|c| c.base.map(|b| (c.name, b))).collect()
+}
+
 /// Plans one service in each of `families` (as [`families`] returned them).
 pub fn plan_service(
     input: &PlanInput<'_>,
