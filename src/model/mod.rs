@@ -215,11 +215,36 @@ pub struct ServiceInfo {
     pub ports: Vec<ServicePort>,
 }
 
+/// What one service was planned from: its Service, EndpointSlices and this node, shared with
+/// the [`ClusterState`] they came from.
+#[derive(Debug, Clone)]
+pub struct ServiceSnapshot {
+    pub name: NamespacedName,
+    pub service: Option<Arc<ServiceInfo>>,
+    pub slices: Vec<Arc<EndpointSliceInfo>>,
+    pub node: Option<Arc<NodeInfo>>,
+}
+
+impl ServiceSnapshot {
+    /// A cluster state holding just this service (to plan it again).
+    pub fn to_state(&self) -> ClusterState {
+        let mut s = ClusterState { node: self.node.clone(), ..ClusterState::default() };
+        if let Some(info) = &self.service {
+            s.services.insert(self.name.clone(), info.clone());
+        }
+        for slice in &self.slices {
+            s.slice_owner.insert(slice.name.clone(), self.name.clone());
+            s.slices.entry(self.name.clone()).or_default().insert(slice.name.clone(), slice.clone());
+        }
+        s
+    }
+}
+
 /// Services, EndpointSlices and this node, as last seen.
-#[derive(Debug, Clone, Default)]
 ///
 /// Objects are shared (`Arc`), so the state of one service can be kept cheaply as it was when
-/// it was programmed ([`ClusterState::subset`]).
+/// it was programmed ([`ClusterState::snapshot`]).
+#[derive(Debug, Clone, Default)]
 pub struct ClusterState {
     services: BTreeMap<NamespacedName, Arc<ServiceInfo>>,
     /// Slices by service, then by slice name.
@@ -331,19 +356,14 @@ impl ClusterState {
     }
 
     /// The part of the state one service is planned from: the service, its slices and the
-    /// node, sharing their objects with `self`.
-    pub fn subset(&self, service: &NamespacedName) -> ClusterState {
-        let mut s = ClusterState { node: self.node.clone(), ..ClusterState::default() };
-        if let Some(info) = self.services.get(service) {
-            s.services.insert(service.clone(), info.clone());
+    /// node, sharing their objects with `self` (a few pointers, kept per programmed service).
+    pub fn snapshot(&self, service: &NamespacedName) -> ServiceSnapshot {
+        ServiceSnapshot {
+            name: service.clone(),
+            service: self.services.get(service).cloned(),
+            slices: self.slices.get(service).map(|m| m.values().cloned().collect()).unwrap_or_default(),
+            node: self.node.clone(),
         }
-        if let Some(slices) = self.slices.get(service) {
-            for name in slices.keys() {
-                s.slice_owner.insert(name.clone(), service.clone());
-            }
-            s.slices.insert(service.clone(), slices.clone());
-        }
-        s
     }
 
     /// Services whose ports or endpoints differ between `self` and `other` (present in either).

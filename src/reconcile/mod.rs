@@ -597,7 +597,7 @@ impl Reconciler {
             let mut planned = 0;
             for svc in self.state.services().filter(|s| !self.excluded.contains_key(&s.name)) {
                 let service_plan = plan::plan_service(&input, &families, svc, &mut self.slots);
-                let (name, record, fragments) = ProgrammedService::lower(service_plan, self.state.subset(&svc.name));
+                let (name, record, fragments) = ProgrammedService::lower(service_plan, self.state.snapshot(&svc.name));
                 programmed.insert(name, record, &fragments);
                 for (table, fragment) in tables.iter_mut().zip(fragments) {
                     crate::nft::merge_first_claim(
@@ -639,7 +639,7 @@ impl Reconciler {
                 let new = self.state.service(name).filter(|_| !self.excluded.contains_key(name)).map(|svc| {
                     let (_, record, fragments) = ProgrammedService::lower(
                         plan::plan_service(&input, &families, svc, &mut self.slots),
-                        self.state.subset(name),
+                        self.state.snapshot(name),
                     );
                     (record, fragments)
                 });
@@ -764,8 +764,9 @@ fn replan_service(
     name: &NamespacedName,
     service: &ProgrammedService,
 ) -> programmed::Fragments {
-    let Some(svc) = service.state.service(name) else { return Vec::new() };
-    let input = PlanInput { config, state: &service.state, nodeports_v4: &targets.v4, nodeports_v6: &targets.v6 };
+    let state = service.state.to_state();
+    let Some(svc) = state.service(name) else { return Vec::new() };
+    let input = PlanInput { config, state: &state, nodeports_v4: &targets.v4, nodeports_v6: &targets.v6 };
     slots.set_frozen(true);
     let fragments = plan::plan_service(&input, families, svc, slots).fragments;
     slots.set_frozen(false);

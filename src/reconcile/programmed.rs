@@ -13,7 +13,9 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
-use crate::model::{ClusterState, NamespacedName};
+use smallvec::SmallVec;
+
+use crate::model::{NamespacedName, ServiceSnapshot};
 use crate::net::IpFamily;
 use crate::nft::ast::Owner;
 use crate::nft::diff::{Transaction, diff_table};
@@ -27,7 +29,7 @@ use crate::plan::{ConntrackTarget, HealthCheck, PlanStats, ServicePlan};
 #[derive(Debug, Clone)]
 pub struct ProgrammedService {
     /// The service, its slices and the node, as they were planned.
-    pub state: ClusterState,
+    pub state: ServiceSnapshot,
     pub health_check: Option<HealthCheck>,
     pub conntrack: Vec<ConntrackTarget>,
     pub stats: PlanStats,
@@ -39,7 +41,7 @@ pub type Fragments = Vec<WireTable>;
 
 impl ProgrammedService {
     /// Lowers a service's plan: the record to keep, and the kernel objects.
-    pub fn lower(plan: ServicePlan, state: ClusterState) -> (NamespacedName, ProgrammedService, Fragments) {
+    pub fn lower(plan: ServicePlan, state: ServiceSnapshot) -> (NamespacedName, ProgrammedService, Fragments) {
         let fragments = plan.fragments.iter().map(lower_table).collect();
         let service =
             ProgrammedService { state, health_check: plan.health_check, conntrack: plan.conntrack, stats: plan.stats };
@@ -60,7 +62,8 @@ type SharedKey = (usize, String, WireKey);
 #[derive(Debug, Clone, Default)]
 struct Claim {
     count: u32,
-    names: BTreeSet<NamespacedName>,
+    /// Sorted; almost always one (a key claimed twice is conflicting input), so kept inline.
+    names: SmallVec<[NamespacedName; 1]>,
 }
 
 /// A changed service: its name, what it programmed (planned again), and its new version with
@@ -163,10 +166,12 @@ impl Programmed {
                     let claim = self.claims.entry(k.clone()).or_default();
                     claim.count = u32::try_from((i64::from(claim.count) + delta).max(0)).unwrap_or(0);
                     if named {
-                        if delta > 0 {
-                            claim.names.insert(name.clone());
-                        } else {
-                            claim.names.remove(name);
+                        match (claim.names.binary_search(name), delta > 0) {
+                            (Err(at), true) => claim.names.insert(at, name.clone()),
+                            (Ok(at), false) => {
+                                claim.names.remove(at);
+                            }
+                            _ => {}
                         }
                     }
                     if claim.count == 0 {
