@@ -3,8 +3,8 @@
 //! Upstream kube-proxy's rules: headless and ExternalName services, and objects labelled
 //! `service.kubernetes.io/service-proxy-name` (owned by another proxy), are not ours. A field
 //! that cannot be used (an unparsable IP, a port out of range, an unknown protocol) is skipped
-//! with a [`Problem`]; only a Service without a usable ClusterIP, or a slice without a service,
-//! is skipped whole.
+//! with a [`Problem`]; only an object with an invalid name, a Service without a usable ClusterIP,
+//! or a slice without a service, is skipped whole.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
@@ -65,18 +65,63 @@ impl Checker {
     }
 }
 
+/// Longest DNS-1123 label.
+pub const LABEL_MAX: usize = 63;
+/// Longest DNS-1123 subdomain.
+pub const SUBDOMAIN_MAX: usize = 253;
+
 /// A DNS-1123 label (namespaces, Service names): what upstream may put in chain names.
 pub fn valid_label(s: &str) -> bool {
-    !s.is_empty()
-        && s.len() <= 63
-        && s.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
-        && !s.starts_with('-')
-        && !s.ends_with('-')
+    label_error(s).is_none()
 }
 
 /// A DNS-1123 subdomain (EndpointSlice and Node names).
 pub fn valid_subdomain(s: &str) -> bool {
-    !s.is_empty() && s.len() <= 253 && s.split('.').all(valid_label)
+    subdomain_error(s).is_none()
+}
+
+/// What breaks the DNS-1123 label rules in `s`, if anything: "is empty", "is 64 bytes long",
+/// "contains 'é'", "starts or ends with '-'".
+fn label_fault(s: &str) -> Option<String> {
+    if s.is_empty() {
+        return Some("is empty".into());
+    }
+    if s.len() > LABEL_MAX {
+        return Some(format!("is {} bytes long", s.len()));
+    }
+    if let Some(ch) = s.chars().find(|c| !(c.is_ascii_lowercase() || c.is_ascii_digit() || *c == '-')) {
+        return Some(format!("contains {ch:?}"));
+    }
+    if s.starts_with('-') || s.ends_with('-') {
+        return Some("starts or ends with '-'".into());
+    }
+    None
+}
+
+/// Why `s` is not a DNS-1123 label, if it is not one.
+pub fn label_error(s: &str) -> Option<String> {
+    label_fault(s).map(|fault| {
+        format!(
+            "{fault}: a DNS-1123 label is 1-{LABEL_MAX} lower-case ASCII letters, digits or '-', starting and \
+             ending with a letter or digit"
+        )
+    })
+}
+
+/// Why `s` is not a DNS-1123 subdomain (dot-separated labels, at most 253 bytes), if it is not.
+pub fn subdomain_error(s: &str) -> Option<String> {
+    let fault = if s.len() > SUBDOMAIN_MAX {
+        Some(format!("is {} bytes long", s.len()))
+    } else {
+        s.split('.')
+            .find_map(|part| label_fault(part).map(|f| if part == s { f } else { format!("has a part that {f}") }))
+    };
+    fault.map(|fault| {
+        format!(
+            "{fault}: a DNS-1123 subdomain is at most {SUBDOMAIN_MAX} bytes of dot-separated labels, each 1-{LABEL_MAX} \
+             lower-case ASCII letters, digits or '-'"
+        )
+    })
 }
 
 /// An IANA service name (port names): at most 15 lower-case letters, digits and dashes.
@@ -106,11 +151,12 @@ pub fn service(svc: &core::Service) -> Converted<ServiceInfo> {
         object: ObjectRef { kind: "Service", namespace: Some(namespace.clone()), name: name.clone() },
         problems: Vec::new(),
     };
-    if !valid_label(&namespace) || !valid_label(&name) {
-        return c.skip(
-            "metadata",
-            "namespace and name must be DNS-1123 labels (lower-case letters, digits, '-', at most 63)",
-        );
+    // Both end up in nftables object names and comments: anything else is refused here.
+    if let Some(e) = label_error(&namespace) {
+        return c.skip("metadata.namespace", e);
+    }
+    if let Some(e) = label_error(&name) {
+        return c.skip("metadata.name", e);
     }
     if has_label(&meta.labels, LABEL_SERVICE_PROXY_NAME) {
         return c.done(None);
@@ -286,8 +332,11 @@ pub fn endpoint_slice(slice: &discovery::EndpointSlice) -> Converted<EndpointSli
         object: ObjectRef { kind: "EndpointSlice", namespace: Some(namespace.clone()), name: name.clone() },
         problems: Vec::new(),
     };
-    if !valid_label(&namespace) || !valid_subdomain(&name) {
-        return c.skip("metadata", "namespace must be a DNS-1123 label and name a DNS-1123 subdomain");
+    if let Some(e) = label_error(&namespace) {
+        return c.skip("metadata.namespace", e);
+    }
+    if let Some(e) = subdomain_error(&name) {
+        return c.skip("metadata.name", e);
     }
     if has_label(&meta.labels, LABEL_SERVICE_PROXY_NAME) || has_label(&meta.labels, LABEL_HEADLESS) {
         return c.done(None);
@@ -295,8 +344,8 @@ pub fn endpoint_slice(slice: &discovery::EndpointSlice) -> Converted<EndpointSli
     let Some(service) = meta.labels.as_ref().and_then(|l| l.get(LABEL_SERVICE_NAME)).cloned() else {
         return c.skip(format!("metadata.labels[{LABEL_SERVICE_NAME}]"), "missing: the slice belongs to no Service");
     };
-    if !valid_label(&service) {
-        return c.skip(format!("metadata.labels[{LABEL_SERVICE_NAME}]"), format!("invalid service name {service:?}"));
+    if let Some(e) = label_error(&service) {
+        return c.skip(format!("metadata.labels[{LABEL_SERVICE_NAME}]"), format!("not a Service name: {e}"));
     }
     let family = match slice.address_type.as_str() {
         "IPv4" => IpFamily::V4,
@@ -381,8 +430,8 @@ pub fn node(node: &core::Node) -> Converted<NodeInfo> {
     let name = node.metadata.name.clone().unwrap_or_default();
     let mut c =
         Checker { object: ObjectRef { kind: "Node", namespace: None, name: name.clone() }, problems: Vec::new() };
-    if !valid_subdomain(&name) {
-        return c.skip("metadata.name", "must be a DNS-1123 subdomain");
+    if let Some(e) = subdomain_error(&name) {
+        return c.skip("metadata.name", e);
     }
     let mut internal_ips = Vec::new();
     let addresses = node.status.as_ref().and_then(|s| s.addresses.as_ref());
