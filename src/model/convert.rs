@@ -4,7 +4,9 @@
 //! `service.kubernetes.io/service-proxy-name` (owned by another proxy), are not ours. A field
 //! that cannot be used (an unparsable IP, a port out of range, an unknown protocol) is skipped
 //! with a [`Problem`]; only an object with an invalid name, a Service without a usable ClusterIP,
-//! or a slice without a service, is skipped whole.
+//! or a slice without a service, is skipped whole. What the API server would have refused (an
+//! address of another family than `spec.ipFamilies` says) can still come from manifests: it is
+//! reported and skipped the same way.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
@@ -137,6 +139,22 @@ fn port_number(n: i32) -> Option<u16> {
     u16::try_from(n).ok().filter(|p| *p != 0)
 }
 
+/// `spec.ipFamilies`, one entry per ClusterIP (`None` for an unknown family, reported).
+fn ip_families(spec: &core::ServiceSpec, c: &mut Checker) -> Vec<Option<IpFamily>> {
+    let mut out = Vec::new();
+    for (i, raw) in spec.ip_families.iter().flatten().enumerate() {
+        out.push(match raw.as_str() {
+            "IPv4" => Some(IpFamily::V4),
+            "IPv6" => Some(IpFamily::V6),
+            other => {
+                c.field(format!("spec.ipFamilies[{i}]"), format!("unknown IP family {other:?}"));
+                None
+            }
+        });
+    }
+    out
+}
+
 fn has_label(labels: &Option<BTreeMap<String, String>>, key: &str) -> bool {
     labels.as_ref().is_some_and(|l| l.contains_key(key))
 }
@@ -170,34 +188,64 @@ pub fn service(svc: &core::Service) -> Converted<ServiceInfo> {
         return c.skip("spec.type", format!("unknown service type {svc_type:?}"));
     }
 
-    let raw_ips: Vec<&str> = match &spec.cluster_ips {
-        Some(ips) if !ips.is_empty() => ips.iter().map(String::as_str).collect(),
-        _ => spec.cluster_ip.as_deref().into_iter().collect(),
+    // `clusterIPs` when set (its first entry is `clusterIP`), else `clusterIP`; the field name
+    // goes into problems as the user wrote it.
+    let (ips_field, raw_ips): (&str, Vec<&str>) = match &spec.cluster_ips {
+        Some(ips) if !ips.is_empty() => ("spec.clusterIPs", ips.iter().map(String::as_str).collect()),
+        _ => ("spec.clusterIP", spec.cluster_ip.as_deref().into_iter().collect()),
     };
     if raw_ips.is_empty() || raw_ips.iter().any(|ip| ip.trim().is_empty() || *ip == "None") {
         return c.done(None); // headless: no ClusterIP, nothing to proxy
     }
+    if ips_field == "spec.clusterIPs"
+        && let Some(single) = spec.cluster_ip.as_deref()
+        && !single.is_empty()
+        && single != raw_ips[0]
+    {
+        c.field(
+            "spec.clusterIP",
+            format!("{single:?} differs from spec.clusterIPs[0] {:?}; using clusterIPs", raw_ips[0]),
+        );
+    }
+    let families = ip_families(spec, &mut c);
     let mut cluster_ips: Vec<IpAddr> = Vec::new();
     for (i, raw) in raw_ips.iter().enumerate() {
+        let field = if ips_field == "spec.clusterIP" { ips_field.to_string() } else { format!("{ips_field}[{i}]") };
         match parse_ip(raw) {
+            // `ipFamilies[i]` is the family of `clusterIPs[i]` (upstream picks the address by
+            // it): an address of the other family would end up in the wrong table.
+            Some(ip) if families.get(i).copied().flatten().is_some_and(|f| f != IpFamily::of(&ip)) => {
+                let declared = families.get(i).copied().flatten().map_or("", IpFamily::k8s_name);
+                c.field(
+                    field,
+                    format!("{raw:?} is an {} address, but spec.ipFamilies[{i}] is {declared}", IpFamily::of(&ip)),
+                );
+            }
             Some(ip) if cluster_ips.iter().any(|x| IpFamily::of(x) == IpFamily::of(&ip)) => {
-                c.field(format!("spec.clusterIPs[{i}]"), format!("second {} ClusterIP {raw:?}", IpFamily::of(&ip)));
+                c.field(field, format!("second {} ClusterIP {raw:?}", IpFamily::of(&ip)));
             }
             Some(ip) if ip.is_unspecified() || ip.is_loopback() || ip.is_multicast() => {
-                c.field(format!("spec.clusterIPs[{i}]"), format!("{raw:?} cannot be a ClusterIP"));
+                c.field(field, format!("{raw:?} cannot be a ClusterIP"));
             }
             Some(ip) => cluster_ips.push(ip),
-            None => c.field(format!("spec.clusterIPs[{i}]"), format!("invalid IP address {raw:?}")),
+            None => c.field(field, format!("invalid IP address {raw:?}")),
         }
     }
     if cluster_ips.is_empty() {
-        return c.skip("spec.clusterIP", "no valid ClusterIP");
+        return c.skip(ips_field, "no valid ClusterIP");
     }
+    let has_family = |ip: &IpAddr| cluster_ips.iter().any(|x| IpFamily::of(x) == IpFamily::of(ip));
+    let other_family = |ip: &IpAddr| {
+        format!("{ip} is an {} address, but the Service has no {} ClusterIP", IpFamily::of(ip), IpFamily::of(ip))
+    };
 
     let externally = svc_type == "NodePort" || svc_type == "LoadBalancer";
     let mut external_ips = Vec::new();
     for (i, raw) in spec.external_ips.iter().flatten().enumerate() {
         match parse_ip(raw) {
+            // Upstream proxies an address only in its family's table, and only when the Service
+            // has a ClusterIP there: an IPv6 address on an IPv4-only Service does nothing.
+            Some(ip) if !has_family(&ip) => c.field(format!("spec.externalIPs[{i}]"), other_family(&ip)),
             Some(ip) if !ip.is_unspecified() && !ip.is_loopback() && !ip.is_multicast() => external_ips.push(ip),
             _ => c.field(format!("spec.externalIPs[{i}]"), format!("invalid external IP {raw:?}")),
         }
@@ -213,11 +261,16 @@ pub fn service(svc: &core::Service) -> Converted<ServiceInfo> {
                 continue;
             }
             match parse_ip(raw) {
+                Some(ip) if !has_family(&ip) => {
+                    c.field(format!("status.loadBalancer.ingress[{i}].ip"), other_family(&ip));
+                }
                 Some(ip) if !ip.is_unspecified() && !ip.is_loopback() => load_balancer_ips.push(ip),
                 _ => c.field(format!("status.loadBalancer.ingress[{i}].ip"), format!("invalid IP {raw:?}")),
             }
         }
     }
+    // Ranges of a family the Service has no ClusterIP in are kept and unused, without a
+    // problem: one list for both families is the usual way to write them (as upstream).
     let mut source_ranges = Vec::new();
     for (i, raw) in spec.load_balancer_source_ranges.iter().flatten().enumerate() {
         match raw.trim().parse::<IpNet>() {
