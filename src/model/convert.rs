@@ -5,10 +5,10 @@
 //! that cannot be used (an unparsable IP, a port out of range, an unknown protocol) is skipped
 //! with a [`Problem`]; only an object with an invalid name, a Service without a usable ClusterIP,
 //! or a slice without a service, is skipped whole. What the API server would have refused (an
-//! address of another family than `spec.ipFamilies` says) can still come from manifests: it is
-//! reported and skipped the same way.
+//! address of another family than `spec.ipFamilies` says, a repeated port name) can still come
+//! from manifests: it is reported and skipped the same way, the first of duplicates kept.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::net::IpAddr;
 
 use ipnet::IpNet;
@@ -323,11 +323,25 @@ pub fn service(svc: &core::Service) -> Converted<ServiceInfo> {
 
     let svc_name = NamespacedName::new(namespace, name);
     let mut ports: Vec<ServicePort> = Vec::new();
+    // What the API server keeps unique among a Service's ports (each with the index of the port
+    // that has it): names, (protocol, port) and (protocol, nodePort). From manifests the first
+    // usable port keeps it and later ones are reported, as the API server would have refused
+    // them; maps rather than scans, as a Service may have thousands of ports.
+    let mut names: HashMap<String, usize> = HashMap::new();
+    let mut numbers: HashMap<(L4Proto, u16), usize> = HashMap::new();
+    let mut node_ports: HashMap<(L4Proto, u16), usize> = HashMap::new();
     for (i, p) in spec.ports.iter().flatten().enumerate() {
         let field = format!("spec.ports[{i}]");
         let port_name = p.name.clone().unwrap_or_default();
         if !valid_port_name(&port_name) {
             c.field(format!("{field}.name"), format!("invalid port name {port_name:?}"));
+            continue;
+        }
+        if let Some(first) = names.get(&port_name) {
+            c.field(
+                format!("{field}.name"),
+                format!("duplicate port name {port_name:?} (first in spec.ports[{first}])"),
+            );
             continue;
         }
         let protocol = match p.protocol.as_deref().map_or(Some(L4Proto::Tcp), L4Proto::from_k8s) {
@@ -344,9 +358,26 @@ pub fn service(svc: &core::Service) -> Converted<ServiceInfo> {
             c.field(format!("{field}.port"), format!("{} is not a valid port (1-65535)", p.port));
             continue;
         };
+        if let Some(first) = numbers.get(&(protocol, port)) {
+            c.field(
+                format!("{field}.port"),
+                format!("duplicate port {port}/{protocol} (first in spec.ports[{first}])"),
+            );
+            continue;
+        }
         let node_port = match p.node_port {
             Some(np) if externally => match port_number(np) {
-                Some(np) => Some(np),
+                Some(np) => match node_ports.get(&(protocol, np)) {
+                    // The port itself stays: only its NodePort is someone else's.
+                    Some(first) => {
+                        c.field(
+                            format!("{field}.nodePort"),
+                            format!("duplicate NodePort {np}/{protocol} (first in spec.ports[{first}])"),
+                        );
+                        None
+                    }
+                    None => Some(np),
+                },
                 None => {
                     c.field(format!("{field}.nodePort"), format!("{np} is not a valid port"));
                     None
@@ -354,11 +385,12 @@ pub fn service(svc: &core::Service) -> Converted<ServiceInfo> {
             },
             _ => None,
         };
-        let spn = ServicePortName { service: svc_name.clone(), port: port_name, protocol };
-        if ports.iter().any(|x| x.name == spn) {
-            c.field(field, format!("duplicate port {spn} ({protocol})"));
-            continue;
+        names.insert(port_name.clone(), i);
+        numbers.insert((protocol, port), i);
+        if let Some(np) = node_port {
+            node_ports.insert((protocol, np), i);
         }
+        let spn = ServicePortName { service: svc_name.clone(), port: port_name, protocol };
         ports.push(ServicePort {
             name: spn,
             cluster_ips: cluster_ips.clone(),
@@ -408,9 +440,21 @@ pub fn endpoint_slice(slice: &discovery::EndpointSlice) -> Converted<EndpointSli
     };
 
     let mut ports = Vec::new();
+    // Port names are unique in a slice (the API server refuses duplicates): the first keeps it.
+    let mut names: HashMap<String, usize> = HashMap::new();
     for (i, p) in slice.ports.iter().flatten().enumerate() {
         let field = format!("ports[{i}]");
         let port_name = p.name.clone().unwrap_or_default();
+        if !port_name.is_empty()
+            && let Some(e) = label_error(&port_name)
+        {
+            c.field(format!("{field}.name"), format!("invalid port name: {e}"));
+            continue;
+        }
+        if let Some(first) = names.get(&port_name) {
+            c.field(format!("{field}.name"), format!("duplicate port name {port_name:?} (first in ports[{first}])"));
+            continue;
+        }
         let protocol = match p.protocol.as_deref().map_or(Some(L4Proto::Tcp), L4Proto::from_k8s) {
             Some(proto) => proto,
             None => {
@@ -422,9 +466,14 @@ pub fn endpoint_slice(slice: &discovery::EndpointSlice) -> Converted<EndpointSli
             }
         };
         let Some(port) = p.port.and_then(port_number) else {
-            c.field(format!("{field}.port"), format!("{:?} is not a valid port (1-65535)", p.port));
+            let reason = match p.port {
+                Some(n) => format!("{n} is not a valid port (1-65535)"),
+                None => "missing".to_string(),
+            };
+            c.field(format!("{field}.port"), reason);
             continue;
         };
+        names.insert(port_name.clone(), i);
         ports.push((port_name, protocol, port));
     }
 
