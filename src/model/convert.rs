@@ -3,10 +3,12 @@
 //! Upstream kube-proxy's rules: headless and ExternalName services, and objects labelled
 //! `service.kubernetes.io/service-proxy-name` (owned by another proxy), are not ours. A field
 //! that cannot be used (an unparsable IP, a port out of range, an unknown protocol) is skipped
-//! with a [`Problem`]; only a Service without a usable ClusterIP, or a slice without a service,
-//! is skipped whole.
+//! with a [`Problem`]; only an object with an invalid name, a Service without a usable ClusterIP,
+//! or a slice without a service, is skipped whole. What the API server would have refused (an
+//! address of another family than `spec.ipFamilies` says, a repeated port name) can still come
+//! from manifests: it is reported and skipped the same way, the first of duplicates kept.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::net::IpAddr;
 
 use ipnet::IpNet;
@@ -65,18 +67,63 @@ impl Checker {
     }
 }
 
+/// Longest DNS-1123 label.
+pub const LABEL_MAX: usize = 63;
+/// Longest DNS-1123 subdomain.
+pub const SUBDOMAIN_MAX: usize = 253;
+
 /// A DNS-1123 label (namespaces, Service names): what upstream may put in chain names.
 pub fn valid_label(s: &str) -> bool {
-    !s.is_empty()
-        && s.len() <= 63
-        && s.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
-        && !s.starts_with('-')
-        && !s.ends_with('-')
+    label_error(s).is_none()
 }
 
 /// A DNS-1123 subdomain (EndpointSlice and Node names).
 pub fn valid_subdomain(s: &str) -> bool {
-    !s.is_empty() && s.len() <= 253 && s.split('.').all(valid_label)
+    subdomain_error(s).is_none()
+}
+
+/// What breaks the DNS-1123 label rules in `s`, if anything: "is empty", "is 64 bytes long",
+/// "contains 'é'", "starts or ends with '-'".
+fn label_fault(s: &str) -> Option<String> {
+    if s.is_empty() {
+        return Some("is empty".into());
+    }
+    if s.len() > LABEL_MAX {
+        return Some(format!("is {} bytes long", s.len()));
+    }
+    if let Some(ch) = s.chars().find(|c| !(c.is_ascii_lowercase() || c.is_ascii_digit() || *c == '-')) {
+        return Some(format!("contains {ch:?}"));
+    }
+    if s.starts_with('-') || s.ends_with('-') {
+        return Some("starts or ends with '-'".into());
+    }
+    None
+}
+
+/// Why `s` is not a DNS-1123 label, if it is not one.
+pub fn label_error(s: &str) -> Option<String> {
+    label_fault(s).map(|fault| {
+        format!(
+            "{fault}: a DNS-1123 label is 1-{LABEL_MAX} lower-case ASCII letters, digits or '-', starting and \
+             ending with a letter or digit"
+        )
+    })
+}
+
+/// Why `s` is not a DNS-1123 subdomain (dot-separated labels, at most 253 bytes), if it is not.
+pub fn subdomain_error(s: &str) -> Option<String> {
+    let fault = if s.len() > SUBDOMAIN_MAX {
+        Some(format!("is {} bytes long", s.len()))
+    } else {
+        s.split('.')
+            .find_map(|part| label_fault(part).map(|f| if part == s { f } else { format!("has a part that {f}") }))
+    };
+    fault.map(|fault| {
+        format!(
+            "{fault}: a DNS-1123 subdomain is at most {SUBDOMAIN_MAX} bytes of dot-separated labels, each 1-{LABEL_MAX} \
+             lower-case ASCII letters, digits or '-'"
+        )
+    })
 }
 
 /// An IANA service name (port names): at most 15 lower-case letters, digits and dashes.
@@ -90,6 +137,22 @@ fn parse_ip(s: &str) -> Option<IpAddr> {
 
 fn port_number(n: i32) -> Option<u16> {
     u16::try_from(n).ok().filter(|p| *p != 0)
+}
+
+/// `spec.ipFamilies`, one entry per ClusterIP (`None` for an unknown family, reported).
+fn ip_families(spec: &core::ServiceSpec, c: &mut Checker) -> Vec<Option<IpFamily>> {
+    let mut out = Vec::new();
+    for (i, raw) in spec.ip_families.iter().flatten().enumerate() {
+        out.push(match raw.as_str() {
+            "IPv4" => Some(IpFamily::V4),
+            "IPv6" => Some(IpFamily::V6),
+            other => {
+                c.field(format!("spec.ipFamilies[{i}]"), format!("unknown IP family {other:?}"));
+                None
+            }
+        });
+    }
+    out
 }
 
 fn has_label(labels: &Option<BTreeMap<String, String>>, key: &str) -> bool {
@@ -106,11 +169,12 @@ pub fn service(svc: &core::Service) -> Converted<ServiceInfo> {
         object: ObjectRef { kind: "Service", namespace: Some(namespace.clone()), name: name.clone() },
         problems: Vec::new(),
     };
-    if !valid_label(&namespace) || !valid_label(&name) {
-        return c.skip(
-            "metadata",
-            "namespace and name must be DNS-1123 labels (lower-case letters, digits, '-', at most 63)",
-        );
+    // Both end up in nftables object names and comments: anything else is refused here.
+    if let Some(e) = label_error(&namespace) {
+        return c.skip("metadata.namespace", e);
+    }
+    if let Some(e) = label_error(&name) {
+        return c.skip("metadata.name", e);
     }
     if has_label(&meta.labels, LABEL_SERVICE_PROXY_NAME) {
         return c.done(None);
@@ -124,34 +188,64 @@ pub fn service(svc: &core::Service) -> Converted<ServiceInfo> {
         return c.skip("spec.type", format!("unknown service type {svc_type:?}"));
     }
 
-    let raw_ips: Vec<&str> = match &spec.cluster_ips {
-        Some(ips) if !ips.is_empty() => ips.iter().map(String::as_str).collect(),
-        _ => spec.cluster_ip.as_deref().into_iter().collect(),
+    // `clusterIPs` when set (its first entry is `clusterIP`), else `clusterIP`; the field name
+    // goes into problems as the user wrote it.
+    let (ips_field, raw_ips): (&str, Vec<&str>) = match &spec.cluster_ips {
+        Some(ips) if !ips.is_empty() => ("spec.clusterIPs", ips.iter().map(String::as_str).collect()),
+        _ => ("spec.clusterIP", spec.cluster_ip.as_deref().into_iter().collect()),
     };
     if raw_ips.is_empty() || raw_ips.iter().any(|ip| ip.trim().is_empty() || *ip == "None") {
         return c.done(None); // headless: no ClusterIP, nothing to proxy
     }
+    if ips_field == "spec.clusterIPs"
+        && let Some(single) = spec.cluster_ip.as_deref()
+        && !single.is_empty()
+        && single != raw_ips[0]
+    {
+        c.field(
+            "spec.clusterIP",
+            format!("{single:?} differs from spec.clusterIPs[0] {:?}; using clusterIPs", raw_ips[0]),
+        );
+    }
+    let families = ip_families(spec, &mut c);
     let mut cluster_ips: Vec<IpAddr> = Vec::new();
     for (i, raw) in raw_ips.iter().enumerate() {
+        let field = if ips_field == "spec.clusterIP" { ips_field.to_string() } else { format!("{ips_field}[{i}]") };
         match parse_ip(raw) {
+            // `ipFamilies[i]` is the family of `clusterIPs[i]` (upstream picks the address by
+            // it): an address of the other family would end up in the wrong table.
+            Some(ip) if families.get(i).copied().flatten().is_some_and(|f| f != IpFamily::of(&ip)) => {
+                let declared = families.get(i).copied().flatten().map_or("", IpFamily::k8s_name);
+                c.field(
+                    field,
+                    format!("{raw:?} is an {} address, but spec.ipFamilies[{i}] is {declared}", IpFamily::of(&ip)),
+                );
+            }
             Some(ip) if cluster_ips.iter().any(|x| IpFamily::of(x) == IpFamily::of(&ip)) => {
-                c.field(format!("spec.clusterIPs[{i}]"), format!("second {} ClusterIP {raw:?}", IpFamily::of(&ip)));
+                c.field(field, format!("second {} ClusterIP {raw:?}", IpFamily::of(&ip)));
             }
             Some(ip) if ip.is_unspecified() || ip.is_loopback() || ip.is_multicast() => {
-                c.field(format!("spec.clusterIPs[{i}]"), format!("{raw:?} cannot be a ClusterIP"));
+                c.field(field, format!("{raw:?} cannot be a ClusterIP"));
             }
             Some(ip) => cluster_ips.push(ip),
-            None => c.field(format!("spec.clusterIPs[{i}]"), format!("invalid IP address {raw:?}")),
+            None => c.field(field, format!("invalid IP address {raw:?}")),
         }
     }
     if cluster_ips.is_empty() {
-        return c.skip("spec.clusterIP", "no valid ClusterIP");
+        return c.skip(ips_field, "no valid ClusterIP");
     }
+    let has_family = |ip: &IpAddr| cluster_ips.iter().any(|x| IpFamily::of(x) == IpFamily::of(ip));
+    let other_family = |ip: &IpAddr| {
+        format!("{ip} is an {} address, but the Service has no {} ClusterIP", IpFamily::of(ip), IpFamily::of(ip))
+    };
 
     let externally = svc_type == "NodePort" || svc_type == "LoadBalancer";
     let mut external_ips = Vec::new();
     for (i, raw) in spec.external_ips.iter().flatten().enumerate() {
         match parse_ip(raw) {
+            // Upstream proxies an address only in its family's table, and only when the Service
+            // has a ClusterIP there: an IPv6 address on an IPv4-only Service does nothing.
+            Some(ip) if !has_family(&ip) => c.field(format!("spec.externalIPs[{i}]"), other_family(&ip)),
             Some(ip) if !ip.is_unspecified() && !ip.is_loopback() && !ip.is_multicast() => external_ips.push(ip),
             _ => c.field(format!("spec.externalIPs[{i}]"), format!("invalid external IP {raw:?}")),
         }
@@ -167,11 +261,16 @@ pub fn service(svc: &core::Service) -> Converted<ServiceInfo> {
                 continue;
             }
             match parse_ip(raw) {
+                Some(ip) if !has_family(&ip) => {
+                    c.field(format!("status.loadBalancer.ingress[{i}].ip"), other_family(&ip));
+                }
                 Some(ip) if !ip.is_unspecified() && !ip.is_loopback() => load_balancer_ips.push(ip),
                 _ => c.field(format!("status.loadBalancer.ingress[{i}].ip"), format!("invalid IP {raw:?}")),
             }
         }
     }
+    // Ranges of a family the Service has no ClusterIP in are kept and unused, without a
+    // problem: one list for both families is the usual way to write them (as upstream).
     let mut source_ranges = Vec::new();
     for (i, raw) in spec.load_balancer_source_ranges.iter().flatten().enumerate() {
         match raw.trim().parse::<IpNet>() {
@@ -224,11 +323,25 @@ pub fn service(svc: &core::Service) -> Converted<ServiceInfo> {
 
     let svc_name = NamespacedName::new(namespace, name);
     let mut ports: Vec<ServicePort> = Vec::new();
+    // What the API server keeps unique among a Service's ports (each with the index of the port
+    // that has it): names, (protocol, port) and (protocol, nodePort). From manifests the first
+    // usable port keeps it and later ones are reported, as the API server would have refused
+    // them; maps rather than scans, as a Service may have thousands of ports.
+    let mut names: HashMap<String, usize> = HashMap::new();
+    let mut numbers: HashMap<(L4Proto, u16), usize> = HashMap::new();
+    let mut node_ports: HashMap<(L4Proto, u16), usize> = HashMap::new();
     for (i, p) in spec.ports.iter().flatten().enumerate() {
         let field = format!("spec.ports[{i}]");
         let port_name = p.name.clone().unwrap_or_default();
         if !valid_port_name(&port_name) {
             c.field(format!("{field}.name"), format!("invalid port name {port_name:?}"));
+            continue;
+        }
+        if let Some(first) = names.get(&port_name) {
+            c.field(
+                format!("{field}.name"),
+                format!("duplicate port name {port_name:?} (first in spec.ports[{first}])"),
+            );
             continue;
         }
         let protocol = match p.protocol.as_deref().map_or(Some(L4Proto::Tcp), L4Proto::from_k8s) {
@@ -245,9 +358,26 @@ pub fn service(svc: &core::Service) -> Converted<ServiceInfo> {
             c.field(format!("{field}.port"), format!("{} is not a valid port (1-65535)", p.port));
             continue;
         };
+        if let Some(first) = numbers.get(&(protocol, port)) {
+            c.field(
+                format!("{field}.port"),
+                format!("duplicate port {port}/{protocol} (first in spec.ports[{first}])"),
+            );
+            continue;
+        }
         let node_port = match p.node_port {
             Some(np) if externally => match port_number(np) {
-                Some(np) => Some(np),
+                Some(np) => match node_ports.get(&(protocol, np)) {
+                    // The port itself stays: only its NodePort is someone else's.
+                    Some(first) => {
+                        c.field(
+                            format!("{field}.nodePort"),
+                            format!("duplicate NodePort {np}/{protocol} (first in spec.ports[{first}])"),
+                        );
+                        None
+                    }
+                    None => Some(np),
+                },
                 None => {
                     c.field(format!("{field}.nodePort"), format!("{np} is not a valid port"));
                     None
@@ -255,11 +385,12 @@ pub fn service(svc: &core::Service) -> Converted<ServiceInfo> {
             },
             _ => None,
         };
-        let spn = ServicePortName { service: svc_name.clone(), port: port_name, protocol };
-        if ports.iter().any(|x| x.name == spn) {
-            c.field(field, format!("duplicate port {spn} ({protocol})"));
-            continue;
+        names.insert(port_name.clone(), i);
+        numbers.insert((protocol, port), i);
+        if let Some(np) = node_port {
+            node_ports.insert((protocol, np), i);
         }
+        let spn = ServicePortName { service: svc_name.clone(), port: port_name, protocol };
         ports.push(ServicePort {
             name: spn,
             cluster_ips: cluster_ips.clone(),
@@ -286,8 +417,11 @@ pub fn endpoint_slice(slice: &discovery::EndpointSlice) -> Converted<EndpointSli
         object: ObjectRef { kind: "EndpointSlice", namespace: Some(namespace.clone()), name: name.clone() },
         problems: Vec::new(),
     };
-    if !valid_label(&namespace) || !valid_subdomain(&name) {
-        return c.skip("metadata", "namespace must be a DNS-1123 label and name a DNS-1123 subdomain");
+    if let Some(e) = label_error(&namespace) {
+        return c.skip("metadata.namespace", e);
+    }
+    if let Some(e) = subdomain_error(&name) {
+        return c.skip("metadata.name", e);
     }
     if has_label(&meta.labels, LABEL_SERVICE_PROXY_NAME) || has_label(&meta.labels, LABEL_HEADLESS) {
         return c.done(None);
@@ -295,8 +429,8 @@ pub fn endpoint_slice(slice: &discovery::EndpointSlice) -> Converted<EndpointSli
     let Some(service) = meta.labels.as_ref().and_then(|l| l.get(LABEL_SERVICE_NAME)).cloned() else {
         return c.skip(format!("metadata.labels[{LABEL_SERVICE_NAME}]"), "missing: the slice belongs to no Service");
     };
-    if !valid_label(&service) {
-        return c.skip(format!("metadata.labels[{LABEL_SERVICE_NAME}]"), format!("invalid service name {service:?}"));
+    if let Some(e) = label_error(&service) {
+        return c.skip(format!("metadata.labels[{LABEL_SERVICE_NAME}]"), format!("not a Service name: {e}"));
     }
     let family = match slice.address_type.as_str() {
         "IPv4" => IpFamily::V4,
@@ -306,9 +440,21 @@ pub fn endpoint_slice(slice: &discovery::EndpointSlice) -> Converted<EndpointSli
     };
 
     let mut ports = Vec::new();
+    // Port names are unique in a slice (the API server refuses duplicates): the first keeps it.
+    let mut names: HashMap<String, usize> = HashMap::new();
     for (i, p) in slice.ports.iter().flatten().enumerate() {
         let field = format!("ports[{i}]");
         let port_name = p.name.clone().unwrap_or_default();
+        if !port_name.is_empty()
+            && let Some(e) = label_error(&port_name)
+        {
+            c.field(format!("{field}.name"), format!("invalid port name: {e}"));
+            continue;
+        }
+        if let Some(first) = names.get(&port_name) {
+            c.field(format!("{field}.name"), format!("duplicate port name {port_name:?} (first in ports[{first}])"));
+            continue;
+        }
         let protocol = match p.protocol.as_deref().map_or(Some(L4Proto::Tcp), L4Proto::from_k8s) {
             Some(proto) => proto,
             None => {
@@ -320,9 +466,14 @@ pub fn endpoint_slice(slice: &discovery::EndpointSlice) -> Converted<EndpointSli
             }
         };
         let Some(port) = p.port.and_then(port_number) else {
-            c.field(format!("{field}.port"), format!("{:?} is not a valid port (1-65535)", p.port));
+            let reason = match p.port {
+                Some(n) => format!("{n} is not a valid port (1-65535)"),
+                None => "missing".to_string(),
+            };
+            c.field(format!("{field}.port"), reason);
             continue;
         };
+        names.insert(port_name.clone(), i);
         ports.push((port_name, protocol, port));
     }
 
@@ -381,8 +532,8 @@ pub fn node(node: &core::Node) -> Converted<NodeInfo> {
     let name = node.metadata.name.clone().unwrap_or_default();
     let mut c =
         Checker { object: ObjectRef { kind: "Node", namespace: None, name: name.clone() }, problems: Vec::new() };
-    if !valid_subdomain(&name) {
-        return c.skip("metadata.name", "must be a DNS-1123 subdomain");
+    if let Some(e) = subdomain_error(&name) {
+        return c.skip("metadata.name", e);
     }
     let mut internal_ips = Vec::new();
     let addresses = node.status.as_ref().and_then(|s| s.addresses.as_ref());

@@ -108,3 +108,6 @@ fn duplicate(kind: &'static str, name: &NamespacedName) -> Problem {
         object_skipped: false,
     }
 }
+
+#[cfg(test)]
+mod tests;
