@@ -54,17 +54,14 @@ pub fn chains(fragments: &[WireTable]) -> impl Iterator<Item = (IpFamily, &str)>
     fragments.iter().flat_map(|f| f.chains.keys().map(move |c| (f.family, c.as_str())))
 }
 
-/// A key of a shared set that is not an endpoint map: family index, set, element key.
-type SharedKey = (usize, String, WireKey);
+/// A key of a shared set that is neither an endpoint map nor `hairpin-endpoints`: family
+/// index, the set's index in [`Programmed::claimed_sets`], element key. Small, since a cluster
+/// has one per service IP and port.
+type SharedKey = (u8, u8, WireKey);
 
-/// Who claims a shared key: how many services, and (except for `hairpin-endpoints`, whose
-/// elements are the same whoever claims them) which.
-#[derive(Debug, Clone, Default)]
-struct Claim {
-    count: u32,
-    /// Sorted; almost always one (a key claimed twice is conflicting input), so kept inline.
-    names: SmallVec<[NamespacedName; 1]>,
-}
+/// Who claims a shared key, in name order: almost always one service (a key claimed twice is
+/// conflicting input, and the first claimant wins).
+type Claim = SmallVec<[NamespacedName; 1]>;
 
 /// A changed service: its name, what it programmed (planned again), and its new version with
 /// its objects (`None`: the service is gone).
@@ -80,9 +77,13 @@ pub struct Programmed {
     infrastructure: Vec<WireTable>,
     services: BTreeMap<NamespacedName, ProgrammedService>,
     /// The claimants of each key of the shared sets other than the endpoint maps (keys of
-    /// those belong to one block, hence one service, by construction). More than one is
-    /// legitimate for `hairpin-endpoints` (a pod behind two services) and a conflict elsewhere.
+    /// those belong to one block, hence one service, by construction) and `hairpin-endpoints`.
     claims: HashMap<SharedKey, Claim>,
+    /// The names of the sets in `claims` keys.
+    claimed_sets: Vec<String>,
+    /// How many services claim each `hairpin-endpoints` key (family index, key): a pod behind
+    /// two services is legitimate, and the element is the same whoever claims it.
+    hairpins: HashMap<(u8, WireKey), u32>,
     /// Elements per endpoint map (a map exists while it holds any), with an empty copy of each.
     shards: HashMap<(usize, String), (usize, WireSet)>,
 }
@@ -95,6 +96,8 @@ impl Programmed {
             infrastructure,
             services: BTreeMap::new(),
             claims: HashMap::new(),
+            claimed_sets: Vec::new(),
+            hairpins: HashMap::new(),
             shards: HashMap::new(),
         }
     }
@@ -145,6 +148,15 @@ impl Programmed {
         MapKind::parse(set).is_some() || self.infrastructure.get(fi).is_some_and(|t| t.sets.contains_key(set))
     }
 
+    /// The index of a shared set's name in `claimed_sets` (added when new).
+    fn claimed_set_id(&mut self, set: &str) -> u8 {
+        let at = self.claimed_sets.iter().position(|s| s == set).unwrap_or_else(|| {
+            self.claimed_sets.push(set.to_string());
+            self.claimed_sets.len() - 1
+        });
+        u8::try_from(at).unwrap_or(u8::MAX)
+    }
+
     fn count_claims(&mut self, name: &NamespacedName, fragments: &[WireTable], delta: i64) {
         for (fi, fragment) in fragments.iter().enumerate() {
             for set in fragment.sets.values() {
@@ -160,21 +172,31 @@ impl Programmed {
                 if !self.is_shared(fi, &set.name) {
                     continue;
                 }
-                let named = set.name != HAIRPIN;
-                for key in set.elements.keys() {
-                    let k = (fi, set.name.clone(), key.clone());
-                    let claim = self.claims.entry(k.clone()).or_default();
-                    claim.count = u32::try_from((i64::from(claim.count) + delta).max(0)).unwrap_or(0);
-                    if named {
-                        match (claim.names.binary_search(name), delta > 0) {
-                            (Err(at), true) => claim.names.insert(at, name.clone()),
-                            (Ok(at), false) => {
-                                claim.names.remove(at);
-                            }
-                            _ => {}
+                // Family indexes and shared sets are a handful (the infrastructure's).
+                let family = u8::try_from(fi).unwrap_or(u8::MAX);
+                if set.name == HAIRPIN {
+                    for key in set.elements.keys() {
+                        let k = (family, key.clone());
+                        let count = self.hairpins.entry(k.clone()).or_default();
+                        *count = u32::try_from((i64::from(*count) + delta).max(0)).unwrap_or(0);
+                        if *count == 0 {
+                            self.hairpins.remove(&k);
                         }
                     }
-                    if claim.count == 0 {
+                    continue;
+                }
+                let id = self.claimed_set_id(&set.name);
+                for key in set.elements.keys() {
+                    let k = (family, id, key.clone());
+                    let claim = self.claims.entry(k.clone()).or_default();
+                    match (claim.binary_search(name), delta > 0) {
+                        (Err(at), true) => claim.insert(at, name.clone()),
+                        (Ok(at), false) => {
+                            claim.remove(at);
+                        }
+                        _ => {}
+                    }
+                    if claim.is_empty() {
                         self.claims.remove(&k);
                     }
                 }
@@ -202,18 +224,20 @@ impl Programmed {
             // An index belongs to one block, and blocks move only between changed services.
             return hint.and_then(|(_, f)| element_of(f));
         }
-        let claim = self.claims.get(&(fi, set.to_string(), key.clone()))?;
+        let family = u8::try_from(fi).ok()?;
         if set == HAIRPIN {
             // Hairpin elements are the same whoever claims them (only the owner differs, and
             // only content is compared).
-            return (claim.count > 0).then(|| WireElement {
+            return self.hairpins.get(&(family, key.clone())).filter(|n| **n > 0).map(|_| WireElement {
                 data: WireData::None,
                 userdata: None,
                 owner: Owner::infrastructure(),
             });
         }
+        let id = u8::try_from(self.claimed_sets.iter().position(|s| s == set)?).ok()?;
+        let claim = self.claims.get(&(family, id, key.clone()))?;
         // The first claimant in name order wins, as when the whole ruleset is planned.
-        let first = claim.names.first()?;
+        let first = claim.first()?;
         match hint {
             Some((name, fragments)) if name == first => element_of(fragments),
             _ => {
@@ -231,7 +255,7 @@ impl Programmed {
         // Every shared key the changed services claim, before or after, with the claimant
         // (an index into `changes`) on each side.
         type Claimants = (Option<usize>, Option<usize>);
-        let mut touched: BTreeMap<SharedKey, Claimants> = BTreeMap::new();
+        let mut touched: BTreeMap<(usize, String, WireKey), Claimants> = BTreeMap::new();
         for (i, (name, old, new)) in changes.iter().enumerate() {
             let had = self.services.contains_key(name);
             let sides = [(had.then_some(old), true), (new.as_ref().map(|(_, f)| f), false)];
