@@ -488,6 +488,12 @@ impl Reconciler {
                 _ => Vec::new(),
             };
             let Some(first) = first.filter(|_| !culprits.is_empty()) else {
+                if failures.iter().any(|f| f.errno == libc::EPERM) {
+                    warn!(
+                        "the kernel refused a change to nftproxy's tables with EPERM: another process owns them \
+                         (a second nftproxy? `nftproxy check` names it); retrying with backoff"
+                    );
+                }
                 return Err(NetlinkError::Rejected(failures).into());
             };
             let reason = format!("the kernel refused its rules, so it is not programmed: {first}");
