@@ -122,8 +122,14 @@ fn the_node_agent_never_runs_external_programs() {
                 stack.push(path);
             } else if path.extension().is_some_and(|e| e == "rs") {
                 let text = std::fs::read_to_string(&path).unwrap();
-                for needle in ["Command::new", "process::Command", "Command::spawn", "libc::exec", "execvp", "posix_spawn"] {
-                    assert!(!text.contains(needle), "{} uses {needle}: the agent must not run programs", path.display());
+                for needle in
+                    ["Command::new", "process::Command", "Command::spawn", "libc::exec", "execvp", "posix_spawn"]
+                {
+                    assert!(
+                        !text.contains(needle),
+                        "{} uses {needle}: the agent must not run programs",
+                        path.display()
+                    );
                 }
                 checked += 1;
             }
