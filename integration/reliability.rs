@@ -157,25 +157,38 @@ fn owned_tables_refuse_other_writers_and_outlive_a_killed_owner() {
     assert!(node.exec("nft", &["delete", "table", "ip", "nftproxy"]).is_err());
     assert_eq!(lab.tally("client", L4Proto::Tcp, "10.96.0.10:80", 10).answered(), 10);
 
+    // A second nftproxy meanwhile says who holds the tables and changes nothing.
+    let mut second = spawn_run(&lab, &manifests, &[], "second.log");
+    let log = || std::fs::read_to_string(lab.dir.path().join("second.log")).unwrap_or_default();
+    assert!(
+        lab.eventually(Duration::from_secs(10), || log().contains("is owned by another process")),
+        "the second process names the owner: {}",
+        log()
+    );
+    assert!(second.try_wait().unwrap().is_none(), "it keeps running (and retrying)");
+    kill9(&mut second);
+    assert!(lab.listing().contains("flags owner"), "the first still owns the tables");
+
     // Killed, the owner's tables stay (persist) and keep serving.
     kill9(&mut proxy);
     assert_eq!(canonicalize(&lab.listing()), want, "the tables outlive their owner");
     assert_eq!(lab.tally("client", L4Proto::Tcp, "10.96.0.10:80", 10).answered(), 10);
 
-    // A new process claims them again (no rebuild: nothing else changes).
+    // Orphaned, nft shows no owner; a new process claims them again (no rebuild: nothing else
+    // changes).
+    assert!(!lab.listing().contains("flags owner"));
     let mut proxy = spawn_run(&lab, &manifests, &[], "owned2.log");
-    assert!(
-        lab.eventually(Duration::from_secs(10), || node
-            .exec("nft", &tamper)
-            .is_err_and(|e| e.to_string().contains("not permitted"))),
-        "claimed again"
-    );
+    assert!(lab.eventually(Duration::from_secs(10), || lab.listing().contains("flags owner")), "claimed again");
     assert_eq!(canonicalize(&lab.listing()), want);
+    assert!(node.exec("nft", &tamper).is_err_and(|e| e.to_string().contains("not permitted")));
     kill9(&mut proxy);
 
-    // With --table-ownership false the orphaned tables can be edited by hand.
+    // With --table-ownership false a running nftproxy leaves them editable by hand.
+    let manifests = lab.write("cluster.yaml", &web_manifests(&[WEB_1]));
     let mut proxy = spawn_run(&lab, &manifests, &["--table-ownership", "false"], "unowned.log");
-    std::thread::sleep(Duration::from_millis(500));
+    converges(&lab, &canonicalize(&lab.render(&web_manifests(&[WEB_1]))), "unowned");
+    assert!(proxy.try_wait().unwrap().is_none(), "running");
+    assert!(!lab.listing().contains("flags owner"));
     node.exec("nft", &tamper).expect("unowned tables can be edited");
     kill9(&mut proxy);
 }
@@ -264,5 +277,6 @@ fn kill_9_during_large_syncs_leaves_old_or_new_rules_and_traffic_flows() {
     let (sent, failed) = (sent.load(Ordering::Relaxed), failed.load(Ordering::Relaxed));
     eprintln!("kill -9 test: {old} kills left the old ruleset, {new} the new; {sent} connections, {failed} failed");
     assert!(sent > 50, "the client kept connecting ({sent})");
+    assert!(old > 0 && new > 0, "kills landed both before and after a sync committed ({old} old, {new} new)");
     assert_eq!(failed, 0, "connections to the untouched service failed during the kills");
 }

@@ -58,13 +58,16 @@ pub fn read_table(sock: &mut Socket, family: IpFamily, name: &str) -> Result<Opt
     #[allow(unsafe_code)]
     // SAFETY: the header was just built in a buffer large enough for the payload.
     let req = request(msg::GETTABLE, fam, NLM_F_ACK, seq, |nlh| unsafe { raw::table_payload(nlh, &t) });
-    let mut table: Option<(u32, Option<Vec<u8>>)> = None;
+    let mut table: Option<(u32, Option<Vec<u8>>, Option<u32>)> = None;
     match sock.dump(&req, seq, |msg| {
         let nlh: *const libc::nlmsghdr = msg.as_ptr().cast();
         let mut got = raw::Table::new()?;
         if raw::parse_table(nlh, &mut got) && got.get_str(a(sys::NFTNL_TABLE_NAME)).as_deref() == Some(name) {
-            table =
-                Some((got.get_u32(a(sys::NFTNL_TABLE_FLAGS)).unwrap_or(0), got.get_data(a(sys::NFTNL_TABLE_USERDATA))));
+            table = Some((
+                got.get_u32(a(sys::NFTNL_TABLE_FLAGS)).unwrap_or(0),
+                got.get_data(a(sys::NFTNL_TABLE_USERDATA)),
+                got.get_u32(a(sys::NFTNL_TABLE_OWNER)),
+            ));
         }
         Ok(())
     }) {
@@ -72,7 +75,16 @@ pub fn read_table(sock: &mut Socket, family: IpFamily, name: &str) -> Result<Opt
         Err(NetlinkError::Dump(e)) if e.raw_os_error() == Some(libc::ENOENT) => return Ok(None),
         Err(e) => return Err(e),
     }
-    let Some((flags, userdata)) = table else { return Ok(None) };
+    let Some((flags, userdata, owner)) = table else { return Ok(None) };
+    // Another live process owns the table: every change would be refused (EPERM), so say who
+    // instead of planning against it. (The kernel drops the owner flag when its owner exits.)
+    if flags & TABLE_F_OWNER != 0
+        && let Some(port) = owner
+        && port != sock.port_id()
+    {
+        let table = format!("{} {name}", crate::nft::render::family_keyword(family));
+        return Err(NetlinkError::OwnedElsewhere { table, port });
+    }
 
     let mut wire =
         WireTable { family, name: name.to_string(), flags, userdata, sets: IndexMap::new(), chains: IndexMap::new() };

@@ -21,8 +21,9 @@ pub struct FakeNetfilter {
     pub applied: Vec<Transaction>,
     /// Fail the next transaction that contains an operation whose text contains this string.
     pub fail_on: Option<String>,
-    /// Refuse every object (chain, rule, set, element) whose owner starts with this string,
-    /// naming that owner alone, as the kernel's extended ACK lets the real edge do.
+    /// Refuse every addition (chain, rule, set, element) whose owner starts with this string,
+    /// naming that owner alone, as the kernel's extended ACK lets the real edge do. Deletions
+    /// go through.
     pub refuse_owner: Option<String>,
     /// Table flags this kernel does not know (`EOPNOTSUPP`, as kernels before 6.9 answer
     /// `persist`).
@@ -62,6 +63,7 @@ impl Netfilter for FakeNetfilter {
                 return Err(err(i, tx, libc::EOPNOTSUPP));
             }
             if let Some(prefix) = &self.refuse_owner
+                && op.kind.is_addition()
                 && let Some(owner) = op.owners().into_iter().find(|o| o.as_str().starts_with(prefix.as_str()))
             {
                 return Err(NetlinkError::Rejected(vec![MessageFailure {

@@ -6,9 +6,12 @@ use crate::net::IpFamily;
 use crate::nft::diff::{Op, OpKind, Transaction};
 use crate::nft::wire::{WireRule, WireRuleset};
 
-/// Wraps a [`Netfilter`]; every transaction that touches an owner starting with `prefix` gets,
-/// right after that owner's first operation, one more message of that owner that the kernel
-/// refuses (a rule for a chain that does not exist: `ENOENT`). Everything else is sent as is.
+/// Wraps a [`Netfilter`]; every transaction that adds something for an owner starting with
+/// `prefix` gets, right after that owner's first addition, one more message of that owner that
+/// the kernel refuses (a rule for a chain that does not exist: `ENOENT`), as a kernel that
+/// cannot take that service's new objects would. Deletions are never refused, so a service
+/// programmed earlier can still be taken out. Everything else is sent as is; the refused
+/// message's `op_index` counts in the transaction with the extra message.
 pub struct RefuseOwner<N> {
     pub inner: N,
     pub prefix: String,
@@ -19,7 +22,7 @@ pub const MISSING_CHAIN: &str = "fault-injected-missing-chain";
 
 impl<N: Netfilter> Netfilter for RefuseOwner<N> {
     fn apply(&mut self, tx: &Transaction) -> Result<ApplyStats, NetlinkError> {
-        let target = tx.ops.iter().enumerate().find_map(|(i, op)| {
+        let target = tx.ops.iter().enumerate().filter(|(_, op)| op.kind.is_addition()).find_map(|(i, op)| {
             op.owners().into_iter().find(|o| o.as_str().starts_with(self.prefix.as_str())).map(|o| (i, o, op))
         });
         let Some((index, owner, op)) = target else { return self.inner.apply(tx) };

@@ -52,6 +52,11 @@ pub enum NetlinkError {
     BatchTooLarge { pages: usize },
     #[error("cannot encode foreign expression {0:?}")]
     ForeignExpression(String),
+    #[error(
+        "table {table} is owned by another process (netlink port {port}): a second nftproxy, or a tool run with \
+         `flags owner`; `nftproxy check` names it"
+    )]
+    OwnedElsewhere { table: String, port: u32 },
     #[error("the kernel rejected the transaction: {}", describe(.0))]
     Rejected(Vec<MessageFailure>),
 }

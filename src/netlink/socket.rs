@@ -73,6 +73,11 @@ impl Socket {
         if rc < 0 { Err(io::Error::last_os_error()) } else { Ok(()) }
     }
 
+    /// The socket's netlink port id (what the kernel records as an owned table's owner).
+    pub fn port_id(&self) -> u32 {
+        self.inner.portid()
+    }
+
     /// Raises the send and receive buffers (needs CAP_NET_ADMIN for the `FORCE` variants; falls
     /// back to the unforced ones).
     pub fn size_buffers(&self, send: usize, recv: usize) {

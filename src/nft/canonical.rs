@@ -3,7 +3,7 @@
 //! nft prints sets and chains in the order they were created and set elements in hash order,
 //! wrapped to its line width. Canonical text sorts tables, blocks and elements and puts one
 //! element per line, and drops `#` comments (lines, and nft's `# progname` after an owned table's
-//! header) and the table's `flags` line (ownership belongs
+//! header) and the table flags `owner` and `persist` (ownership belongs
 //! to the running process, not to the planned ruleset; nft 1.0.6 prints `owner`/`persist` as a
 //! bare `flags`); everything else (every rule, every attribute line) must match exactly.
 
@@ -38,6 +38,18 @@ pub fn canonicalize(text: &str) -> String {
     tables.concat()
 }
 
+/// A table's `flags` line without `owner` and `persist` (which belong to the running process);
+/// `None` for any other line. nft 1.0.6 prints a bare `flags` for flags it has no name for.
+fn process_flags_removed(line: &str) -> Option<String> {
+    let rest = line.strip_prefix("flags")?;
+    if !rest.is_empty() && !rest.starts_with(' ') {
+        return None;
+    }
+    let kept: Vec<&str> =
+        rest.split(',').map(str::trim).filter(|f| !f.is_empty() && *f != "owner" && *f != "persist").collect();
+    Some(kept.join(","))
+}
+
 fn canonical_table_body(body: &[String]) -> String {
     let mut header: Vec<String> = Vec::new();
     let mut blocks: Vec<String> = Vec::new();
@@ -56,7 +68,11 @@ fn canonical_table_body(body: &[String]) -> String {
             }
             i += 1;
             blocks.push(format!("\t{line}\n{}\t}}\n", canonical_block(&block_lines)));
-        } else if line != "flags" && !line.starts_with("flags ") {
+        } else if let Some(flags) = process_flags_removed(line) {
+            if !flags.is_empty() {
+                header.push(format!("\tflags {flags}\n"));
+            }
+        } else {
             header.push(format!("\t{line}\n"));
         }
     }
@@ -124,6 +140,18 @@ fn push_element(out: &mut Vec<String>, raw: &str) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn ownership_is_forgiven_but_a_dormant_table_is_not() {
+        let planned = "table ip t {\n\tcomment \"x\"\n\tchain a {\n\t}\n}\n";
+        let owned = "table ip t { # progname nftproxy\n\tflags owner\n\tcomment \"x\"\n\tchain a {\n\t}\n}\n";
+        let orphaned = "table ip t {\n\tflags\n\tcomment \"x\"\n\tchain a {\n\t}\n}\n";
+        let dormant = "table ip t {\n\tflags dormant,owner\n\tcomment \"x\"\n\tchain a {\n\t}\n}\n";
+        assert_eq!(canonicalize(owned), canonicalize(planned));
+        assert_eq!(canonicalize(orphaned), canonicalize(planned));
+        assert_ne!(canonicalize(dormant), canonicalize(planned));
+        assert!(canonicalize(dormant).contains("\tflags dormant\n"));
+    }
 
     #[test]
     fn element_order_and_wrapping_do_not_matter() {

@@ -28,6 +28,20 @@ pub enum OpKind {
     DeleteElements { set: String, keys: Vec<(WireKey, Owner)> },
 }
 
+impl OpKind {
+    /// Whether the operation adds an object (rather than flushing or deleting one).
+    pub fn is_addition(&self) -> bool {
+        matches!(
+            self,
+            OpKind::AddTable { .. }
+                | OpKind::AddChain { .. }
+                | OpKind::AddRule { .. }
+                | OpKind::AddSet { .. }
+                | OpKind::AddElements { .. }
+        )
+    }
+}
+
 /// One operation on one table, and who it is for.
 #[derive(Debug, Clone)]
 pub struct Op {

@@ -11,6 +11,7 @@
 pub mod programmed;
 pub mod runner;
 
+use std::borrow::Cow;
 use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::fmt;
 use std::time::{Duration, Instant};
@@ -150,9 +151,21 @@ pub fn owner_service(owner: &Owner) -> Option<NamespacedName> {
     Some(NamespacedName::new(namespace, name))
 }
 
-/// How many times one sync excludes a refused service and tries again before giving up (the
-/// next sync, after a backoff, goes on where this one stopped).
-const MAX_RETRIES_PER_SYNC: usize = 16;
+/// The cluster state without the excluded services: what is planned.
+fn plannable<'a>(state: &'a ClusterState, excluded: &BTreeMap<NamespacedName, String>) -> Cow<'a, ClusterState> {
+    if excluded.is_empty() {
+        return Cow::Borrowed(state);
+    }
+    let mut state = state.clone();
+    for name in excluded.keys() {
+        state.remove_service(name);
+    }
+    Cow::Owned(state)
+}
+
+/// How many refused services one sync leaves out before it gives up (the services stay left
+/// out, so the next sync, after a backoff, goes on where this one stopped).
+const MAX_EXCLUSIONS_PER_SYNC: usize = 16;
 
 /// Deletes nftproxy's tables (and nothing else). Returns how many there were.
 pub fn cleanup(nf: &mut dyn Netfilter, config: &ProxyConfig) -> Result<usize, SyncError> {
@@ -211,6 +224,8 @@ pub struct Reconciler {
     excluded: BTreeMap<NamespacedName, String>,
     /// Whether the tables are claimed (`--table-ownership`, unless the kernel cannot).
     ownership: bool,
+    /// The table flags the last full sync programmed, per family.
+    table_flags: Vec<(IpFamily, u32)>,
 }
 
 /// Changes folded in since the last [`Reconciler::take_changes`].
@@ -240,6 +255,7 @@ impl Reconciler {
             changes: Changes::default(),
             excluded: BTreeMap::new(),
             ownership: config.table_ownership,
+            table_flags: Vec::new(),
             config,
         }
     }
@@ -323,8 +339,9 @@ impl Reconciler {
             self.node_changed = true;
         }
         debug!(services = services.len(), endpoints = endpoints.len(), "state replaced");
-        self.pending.extend(services);
-        self.pending.extend(endpoints);
+        for name in services.into_iter().chain(endpoints) {
+            self.mark_changed(name);
+        }
         self.state = new;
     }
 
@@ -423,7 +440,7 @@ impl Reconciler {
         let name = info.name.clone();
         if self.state.upsert_service(info) {
             self.changes.services += 1;
-            self.pending.insert(name);
+            self.mark_changed(name);
         }
     }
 
@@ -431,7 +448,7 @@ impl Reconciler {
     pub fn remove_service(&mut self, name: &NamespacedName) {
         if self.state.remove_service(name) {
             self.changes.services += 1;
-            self.pending.insert(name.clone());
+            self.mark_changed(name.clone());
         }
     }
 
@@ -443,15 +460,26 @@ impl Reconciler {
             self.changes.endpoints += 1;
             self.changes.trigger_times.extend(trigger);
         }
-        self.pending.extend(changed);
+        for name in changed {
+            self.mark_changed(name);
+        }
     }
 
     /// Removes an EndpointSlice.
     pub fn remove_slice(&mut self, name: &NamespacedName) {
         if let Some(service) = self.state.remove_slice(name) {
             self.changes.endpoints += 1;
-            self.pending.insert(service);
+            self.mark_changed(service);
         }
+    }
+
+    /// Queues a service whose Service or EndpointSlices changed; one the kernel refused gets
+    /// another chance.
+    fn mark_changed(&mut self, name: NamespacedName) {
+        if self.excluded.remove(&name).is_some() {
+            info!(service = %name, "trying again a service the kernel refused: it changed");
+        }
+        self.pending.insert(name);
     }
 
     /// Plans and applies as one transaction, working around what the kernel refuses: when it
@@ -460,18 +488,23 @@ impl Reconciler {
     /// the rest applied in a new full transaction. A kernel that cannot keep owned tables gets
     /// unowned ones. Failures of nftproxy's own objects are returned (the caller backs off).
     pub fn sync(&mut self, reason: SyncReason, full: bool) -> Result<Synced, SyncError> {
-        for name in &self.pending {
-            if self.excluded.remove(name).is_some() {
-                info!(service = %name, "trying again a service the kernel refused: it changed");
-            }
-        }
         let mut full = full;
-        for _ in 0..MAX_RETRIES_PER_SYNC {
+        let mut exclusions = 0;
+        loop {
+            let was_full = full || self.needs_full();
             let failures = match self.sync_once(reason, full) {
                 Err(SyncError::Netlink(NetlinkError::Rejected(failures))) => failures,
                 other => return other,
             };
             full = true;
+            // Another live process owns the tables: every message is refused, nobody's fault.
+            if failures.iter().any(|f| f.errno == libc::EPERM) {
+                warn!(
+                    "the kernel refused a change to nftproxy's tables with EPERM: another process owns them \
+                     (a second nftproxy? `nftproxy check` names it); retrying with backoff"
+                );
+                return Err(NetlinkError::Rejected(failures).into());
+            }
             // Kernels before 6.9 do not know `persist` (before 5.12 not `owner`): EOPNOTSUPP.
             if self.ownership && failures.iter().any(|f| f.op.starts_with("add table ") && f.errno == libc::EOPNOTSUPP)
             {
@@ -481,21 +514,24 @@ impl Reconciler {
             }
             // Later failures may only follow from the first (an element naming a refused chain).
             let first = failures.iter().min_by_key(|f| f.op_index);
-            let culprits: Vec<NamespacedName> = match first {
-                Some(f) if !f.owners.iter().any(Owner::is_infrastructure) => {
-                    f.owners.iter().filter_map(owner_service).filter(|n| !self.excluded.contains_key(n)).collect()
-                }
-                _ => Vec::new(),
+            let culprits: BTreeSet<NamespacedName> = match first {
+                Some(f) if !f.owners.iter().any(Owner::is_infrastructure) => f
+                    .owners
+                    .iter()
+                    .filter_map(owner_service)
+                    .filter(|n| !self.excluded.contains_key(n) && self.state.service(n).is_some())
+                    .collect(),
+                _ => BTreeSet::new(),
             };
-            let Some(first) = first.filter(|_| !culprits.is_empty()) else {
-                if failures.iter().any(|f| f.errno == libc::EPERM) {
-                    warn!(
-                        "the kernel refused a change to nftproxy's tables with EPERM: another process owns them \
-                         (a second nftproxy? `nftproxy check` names it); retrying with backoff"
-                    );
+            let Some(first) = first.filter(|_| !culprits.is_empty() && exclusions < MAX_EXCLUSIONS_PER_SYNC) else {
+                // A partial sync names shared elements after nftproxy; a full one names the
+                // service that claims them, so try that once before backing off.
+                if !was_full {
+                    continue;
                 }
                 return Err(NetlinkError::Rejected(failures).into());
             };
+            exclusions += culprits.len();
             let reason = format!("the kernel refused its rules, so it is not programmed: {first}");
             let problems = culprits
                 .into_iter()
@@ -511,19 +547,6 @@ impl Reconciler {
                 .collect();
             self.report(problems);
         }
-        Err(SyncError::Internal("the kernel kept refusing services; giving up for this sync"))
-    }
-
-    /// The cluster state without the excluded services (what is planned for `render`).
-    fn plannable_state(&self) -> std::borrow::Cow<'_, ClusterState> {
-        if self.excluded.is_empty() {
-            return std::borrow::Cow::Borrowed(&self.state);
-        }
-        let mut state = self.state.clone();
-        for name in self.excluded.keys() {
-            state.remove_service(name);
-        }
-        std::borrow::Cow::Owned(state)
     }
 
     /// Plans and applies once. `full` forces a read-back of the kernel's tables.
@@ -544,13 +567,10 @@ impl Reconciler {
             Some(t) if !full && !self.needs_full() && !self.node_changed => t.clone(),
             _ => (self.nodeports)(&self.config, self.state.node()),
         };
+        let state = plannable(&self.state, &self.excluded);
         let families = {
-            let input = PlanInput {
-                config: &self.config,
-                state: &self.state,
-                nodeports_v4: &targets.v4,
-                nodeports_v6: &targets.v6,
-            };
+            let input =
+                PlanInput { config: &self.config, state: &state, nodeports_v4: &targets.v4, nodeports_v6: &targets.v6 };
             plan::families(&input)
         };
         // Everything is planned again when asked, when nothing is programmed (a start, or after
@@ -584,12 +604,8 @@ impl Reconciler {
         }
 
         let planning = Instant::now();
-        let input = PlanInput {
-            config: &self.config,
-            state: &self.state,
-            nodeports_v4: &targets.v4,
-            nodeports_v6: &targets.v6,
-        };
+        let input =
+            PlanInput { config: &self.config, state: &state, nodeports_v4: &targets.v4, nodeports_v6: &targets.v6 };
         let mut drift_repairs = 0;
         let diff_time;
         let (transaction, planned_services) = if full {
@@ -601,9 +617,9 @@ impl Reconciler {
             let mut tables = infrastructure.clone();
             let mut programmed = Programmed::new(families.clone(), infrastructure);
             let mut planned = 0;
-            for svc in self.state.services().filter(|s| !self.excluded.contains_key(&s.name)) {
+            for svc in state.services() {
                 let service_plan = plan::plan_service(&input, &families, svc, &mut self.slots);
-                let (name, record, fragments) = ProgrammedService::lower(service_plan, self.state.snapshot(&svc.name));
+                let (name, record, fragments) = ProgrammedService::lower(service_plan, state.snapshot(&svc.name));
                 programmed.insert(name, record, &fragments);
                 for (table, fragment) in tables.iter_mut().zip(fragments) {
                     crate::nft::merge_first_claim(
@@ -621,6 +637,7 @@ impl Reconciler {
                 plan::order_sets_by(&mut table.sets, |s| s.owner.is_infrastructure());
                 table.flags = table_flags(self.ownership, kernel.table(table.family));
             }
+            self.table_flags = tables.iter().map(|t| (t.family, t.flags)).collect();
             let diffing = Instant::now();
             let tx = diff_into(&kernel, WireRuleset { tables });
             diff_time = diffing.elapsed();
@@ -642,10 +659,10 @@ impl Reconciler {
             self.slots.begin();
             let mut changes = Vec::with_capacity(self.pending.len());
             for (name, old) in self.pending.iter().zip(olds) {
-                let new = self.state.service(name).filter(|_| !self.excluded.contains_key(name)).map(|svc| {
+                let new = state.service(name).map(|svc| {
                     let (_, record, fragments) = ProgrammedService::lower(
                         plan::plan_service(&input, &families, svc, &mut self.slots),
-                        self.state.snapshot(name),
+                        state.snapshot(name),
                     );
                     (record, fragments)
                 });
@@ -737,12 +754,13 @@ impl Reconciler {
             Some(t) => t.clone(),
             None => (self.nodeports)(&self.config, self.state.node()),
         };
-        let state = self.plannable_state();
+        let state = plannable(&self.state, &self.excluded);
         let input =
             PlanInput { config: &self.config, state: &state, nodeports_v4: &targets.v4, nodeports_v6: &targets.v6 };
         let mut desired = lower_ruleset(&plan(&input, &mut self.slots.clone()).ruleset);
         for table in &mut desired.tables {
-            table.flags = table_flags(self.ownership, None);
+            let applied = self.table_flags.iter().find(|(f, _)| *f == table.family).map(|(_, flags)| *flags);
+            table.flags = applied.unwrap_or_else(|| table_flags(self.ownership, None));
         }
         desired
     }
@@ -753,7 +771,7 @@ impl Reconciler {
             Some(t) => t.clone(),
             None => (self.nodeports)(&self.config, self.state.node()),
         };
-        let state = self.plannable_state();
+        let state = plannable(&self.state, &self.excluded);
         let input =
             PlanInput { config: &self.config, state: &state, nodeports_v4: &targets.v4, nodeports_v6: &targets.v6 };
         plan(&input, &mut self.slots.clone()).ruleset.to_string()

@@ -282,3 +282,37 @@ fn a_kernel_without_persist_gets_unowned_tables() {
     assert!(kernel.0.lock().unwrap().state.tables.iter().all(|t| t.flags == 0));
     check(&mut r, &kernel, "later syncs");
 }
+
+#[test]
+fn many_refused_services_are_left_out_over_several_syncs() {
+    let kernel = SharedKernel::default();
+    let mut r = reconciler(&kernel);
+    r.replace_state(cluster::state(Size { services: 200, endpoints: 2 }));
+    // ns1/ and ns10/ to ns19/: 22 services, more than one sync leaves out.
+    kernel.0.lock().unwrap().refuse_owner = Some("ns1".into());
+    assert!(r.sync(SyncReason::Startup, true).is_err(), "gives up after {MAX_EXCLUSIONS_PER_SYNC}");
+    assert_eq!(r.excluded().len(), MAX_EXCLUSIONS_PER_SYNC);
+    let synced = r.sync(SyncReason::PreviousFailure, true).expect("the next sync goes on");
+    assert!(synced.report.full);
+    assert_eq!(r.excluded().len(), 22);
+    assert!(r.excluded().keys().all(|n| n.namespace.starts_with("ns1")));
+    assert_eq!(r.take_problems().len(), 22, "one Problem per service, not per port or retry");
+    assert!(diff(&kernel.0.lock().unwrap().state, &r.desired()).is_empty());
+}
+
+#[test]
+fn a_service_refused_after_it_was_programmed_is_taken_out() {
+    let kernel = SharedKernel::default();
+    let mut r = reconciler(&kernel);
+    r.replace_state(cluster::state(Size { services: 10, endpoints: 2 }));
+    check(&mut r, &kernel, "initial");
+    kernel.0.lock().unwrap().refuse_owner = Some("ns4/svc4:".into());
+    change(&mut r, |s| {
+        s.upsert_slice(cluster::slice(4, 3, 1));
+    });
+    let synced = r.sync(SyncReason::Changes, false).expect("the rest is applied");
+    assert!(synced.report.full);
+    assert!(r.excluded().contains_key(&cluster::service(4).name));
+    assert!(diff(&kernel.0.lock().unwrap().state, &r.desired()).is_empty());
+    assert!(!r.render().contains("ns4/svc4:"), "its old rules are gone too");
+}
