@@ -11,7 +11,7 @@ use nftproxy::lab::Netns;
 use nftproxy::netlink::Kernel;
 use nftproxy::nft::canonical::canonicalize;
 use nftproxy::reconcile::{Reconciler, SyncReason, local_nodeports};
-use nftproxy::source::{Event, Kind, Snapshot, manifests};
+use nftproxy::source::{Event, Kind, Snapshot};
 
 /// `n` services, each with three endpoints; `bump` adds a fourth endpoint to service 7.
 fn many_services(n: usize, bump: bool) -> Snapshot {
@@ -26,10 +26,7 @@ fn many_services(n: usize, bump: bool) -> Snapshot {
             "apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata: {{name: svc{i}-x, namespace: bench, labels: {{kubernetes.io/service-name: svc{i}}}}}\naddressType: IPv4\nports: [{{name: http, port: 8080}}, {{name: dns, port: 53, protocol: UDP}}]\nendpoints:\n- {{addresses: [\"10.128.{a}.{b}\"]}}\n- {{addresses: [\"10.129.{a}.{b}\"]}}\n- {{addresses: [\"10.130.{a}.{b}\"]}}\n{extra}---\n"
         ));
     }
-    let mut m = manifests::Manifests::default();
-    manifests::load_text(std::path::Path::new("many.yaml"), &yaml, &mut m);
-    assert!(m.problems.is_empty(), "{:?}", m.problems);
-    Snapshot { services: m.services, slices: m.slices, nodes: m.nodes, problems: 0 }
+    snapshot_of(&yaml)
 }
 
 fn reconciler() -> Reconciler {
@@ -42,10 +39,6 @@ fn reconciler() -> Reconciler {
     r.on_event(Event::Synced(Kind::Services));
     r.on_event(Event::Synced(Kind::EndpointSlices));
     r
-}
-
-fn listing(ns: &Netns) -> String {
-    String::from_utf8(ns.exec("nft", &["list", "ruleset"]).unwrap().stdout).unwrap()
 }
 
 #[test]
@@ -87,7 +80,7 @@ fn a_partial_sync_in_hundreds_of_services_sends_only_the_change() {
     ];
     expected.sort();
     assert_eq!(ops, expected);
-    assert_eq!(canonicalize(&listing(&ns)), canonicalize(&rendered));
+    assert_eq!(canonicalize(&ruleset_of(&ns)), canonicalize(&rendered));
 }
 
 #[test]
@@ -118,7 +111,7 @@ fn a_full_sync_repairs_drift_and_counts_it() {
     let want = canonicalize(&rendered);
     for cmd in tamper {
         ns.exec("nft", cmd).unwrap();
-        assert_ne!(canonicalize(&listing(&ns)), want, "{cmd:?} changed the ruleset");
+        assert_ne!(canonicalize(&ruleset_of(&ns)), want, "{cmd:?} changed the ruleset");
         // A partial sync trusts its memory and changes nothing…
         to_worker.send(false).unwrap();
         let (repairs, ops, _) = from_worker.recv().unwrap();
@@ -127,7 +120,7 @@ fn a_full_sync_repairs_drift_and_counts_it() {
         to_worker.send(true).unwrap();
         let (repairs, ops, _) = from_worker.recv().unwrap();
         assert!(repairs > 0 && ops > 0, "{cmd:?}: repairs {repairs}, ops {ops}");
-        assert_eq!(canonicalize(&listing(&ns)), want, "{cmd:?} repaired");
+        assert_eq!(canonicalize(&ruleset_of(&ns)), want, "{cmd:?} repaired");
     }
     drop(to_worker);
     worker.join().unwrap().unwrap();

@@ -19,7 +19,7 @@ use nftproxy::netlink::Kernel;
 use nftproxy::netlink::fault::RefuseOwner;
 use nftproxy::nft::canonical::canonicalize;
 use nftproxy::reconcile::{Reconciler, SyncReason, local_nodeports};
-use nftproxy::source::{Event, Kind, Snapshot, manifests};
+use nftproxy::source::{Event, Kind};
 
 /// `n` services `bench/svc<i>` with `endpoints` endpoints each; `generation` moves the
 /// endpoints to other addresses (same count, so every service keeps its endpoint window).
@@ -40,17 +40,6 @@ fn filler_yaml(n: usize, endpoints: usize, generation: usize) -> String {
     yaml
 }
 
-fn snapshot(yaml: &str) -> Snapshot {
-    let mut m = manifests::Manifests::default();
-    manifests::load_text(std::path::Path::new("cluster.yaml"), yaml, &mut m);
-    assert!(m.problems.is_empty(), "{:?}", m.problems);
-    Snapshot { services: m.services, slices: m.slices, nodes: m.nodes, problems: 0 }
-}
-
-fn listing(ns: &Netns) -> String {
-    String::from_utf8(ns.exec("nft", &["list", "ruleset"]).unwrap().stdout).unwrap()
-}
-
 #[test]
 fn a_service_the_kernel_refuses_is_left_out_and_the_rest_applied() {
     if skip_unless_privileged() {
@@ -65,13 +54,13 @@ fn a_service_the_kernel_refuses_is_left_out_and_the_rest_applied() {
             let mut r = Reconciler::new(config, Box::new(kernel), local_nodeports());
             r.on_event(Event::Synced(Kind::Services));
             r.on_event(Event::Synced(Kind::EndpointSlices));
-            r.on_event(Event::Snapshot(Box::new(snapshot(&filler_yaml(8, 2, 0)))));
+            r.on_event(Event::Snapshot(Box::new(snapshot_of(&filler_yaml(8, 2, 0)))));
             let first = r.sync(SyncReason::Startup, true).map(|s| s.report.full);
             let problems: Vec<String> = r.take_problems().iter().map(|p| p.to_string()).collect();
             let excluded: Vec<String> = r.excluded().keys().map(|n| n.to_string()).collect();
             let rendered = r.render();
             // Another service changes: a partial sync, the refused one still left out.
-            r.on_event(Event::Snapshot(Box::new(snapshot(
+            r.on_event(Event::Snapshot(Box::new(snapshot_of(
                 &filler_yaml(8, 2, 0).replace("10.140.0.5\"", "10.140.0.5\"]}\n- {addresses: [\"10.150.0.5\""),
             ))));
             let second = r.sync(SyncReason::Changes, false).map(|s| s.report.full);
@@ -84,7 +73,7 @@ fn a_service_the_kernel_refuses_is_left_out_and_the_rest_applied() {
     assert_eq!(problems.len(), 1, "{problems:?}");
     assert!(problems[0].starts_with("Service bench/svc3: skipped: the kernel refused its rules"), "{}", problems[0]);
     assert!(problems[0].contains("No such file or directory"), "the kernel's errno is reported: {}", problems[0]);
-    let kernel = listing(&ns);
+    let kernel = ruleset_of(&ns);
     assert!(!kernel.contains("bench/svc3:"), "the refused service is not in the kernel");
     for i in [0, 1, 2, 4, 5, 6, 7] {
         assert!(kernel.contains(&format!("bench/svc{i}:http")), "svc{i} is programmed");

@@ -13,6 +13,19 @@ use nftproxy::net::L4Proto;
 
 pub mod apiserver;
 
+/// `nft list ruleset` in a namespace.
+pub fn ruleset_of(ns: &nftproxy::lab::Netns) -> String {
+    String::from_utf8_lossy(&ns.exec("nft", &["list", "ruleset"]).unwrap().stdout).into_owned()
+}
+
+/// Manifests text as the source's snapshot; the text must have no problems.
+pub fn snapshot_of(yaml: &str) -> nftproxy::source::Snapshot {
+    let mut m = nftproxy::source::manifests::Manifests::default();
+    nftproxy::source::manifests::load_text(std::path::Path::new("cluster.yaml"), yaml, &mut m);
+    assert!(m.problems.is_empty(), "{:?}", m.problems);
+    nftproxy::source::Snapshot { services: m.services, slices: m.slices, nodes: m.nodes, problems: 0 }
+}
+
 /// Prints why a test is skipped and returns true when the machine cannot run lab tests.
 pub fn skip_unless_privileged() -> bool {
     if let Err(e) = lab::require_privileges() {
@@ -94,8 +107,7 @@ impl ClusterLab {
 
     /// `nft list ruleset` in node1.
     pub fn listing(&self) -> String {
-        String::from_utf8_lossy(&self.lab.node("node1").ns.exec("nft", &["list", "ruleset"]).unwrap().stdout)
-            .into_owned()
+        ruleset_of(&self.lab.node("node1").ns)
     }
 
     fn ns(&self, who: &str) -> &nftproxy::lab::Netns {
