@@ -6,6 +6,7 @@ mod common;
 use std::time::{Duration, Instant};
 
 use common::*;
+use nftproxy::bench::cluster::{self, Size};
 use nftproxy::config::{ProxyConfig, parse_cidrs};
 use nftproxy::lab::Netns;
 use nftproxy::netlink::Kernel;
@@ -101,10 +102,10 @@ fn a_full_sync_repairs_drift_and_counts_it() {
         let mut r = reconciler();
         r.on_event(Event::Snapshot(Box::new(many_services(20, false))));
         let s = r.sync(SyncReason::Startup, false).unwrap();
-        reports.send((s.report.drift_repairs, s.report.transaction.ops.len(), r.render())).unwrap();
+        reports.send((s.report.drift_repairs, s.report.apply.operations, r.render())).unwrap();
         while let Ok(full) = commands.recv() {
             let s = r.sync(SyncReason::Periodic, full).unwrap();
-            reports.send((s.report.drift_repairs, s.report.transaction.ops.len(), r.render())).unwrap();
+            reports.send((s.report.drift_repairs, s.report.apply.operations, r.render())).unwrap();
         }
     });
     let (_, _, rendered) = from_worker.recv().unwrap();
@@ -124,6 +125,34 @@ fn a_full_sync_repairs_drift_and_counts_it() {
     }
     drop(to_worker);
     worker.join().unwrap().unwrap();
+}
+
+#[test]
+fn a_new_process_over_a_stale_ruleset_converges_in_one_transaction() {
+    if skip_unless_privileged() {
+        return;
+    }
+    let ns = Netns::create("stale").unwrap();
+    let (first, second, again, rendered) = ns
+        .run(|| {
+            let mut old = reconciler();
+            old.replace_state(cluster::state(Size { services: 200, endpoints: 3 }));
+            let first = old.sync(SyncReason::Startup, false).unwrap().report;
+            drop(old);
+            // Services gone and new (one with a gone one's ClusterIP), endpoints re-split,
+            // affinity and NodePorts switched: a new process finds the old ruleset.
+            let mut new = reconciler();
+            new.replace_state(cluster::changed_while_down(200));
+            let second = new.sync(SyncReason::Startup, false).unwrap().report;
+            let again = new.sync(SyncReason::Periodic, true).unwrap().report;
+            (first, second, again, new.render())
+        })
+        .unwrap();
+    assert!(first.full && second.full);
+    // Unchanged services cost nothing: fewer operations than writing everything.
+    assert!(second.apply.operations > 0 && second.apply.operations < first.apply.operations, "{second:?}");
+    assert_eq!(canonicalize(&ruleset_of(&ns)), canonicalize(&rendered));
+    assert_eq!(again.apply.operations, 0, "converged: {again:?}");
 }
 
 #[test]

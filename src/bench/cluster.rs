@@ -101,3 +101,36 @@ pub fn state(size: Size) -> ClusterState {
     }));
     s
 }
+
+/// The cluster of [`state`] (`services` × 3) after changes made while no proxy ran: services gone,
+/// new ones (one taking a gone service's ClusterIP), endpoint counts changed both ways (so
+/// endpoint windows are re-split), affinity and NodePorts turned on and off.
+pub fn changed_while_down(services: usize) -> ClusterState {
+    let mut s = state(Size { services, endpoints: 3 });
+    for i in (0..services).step_by(7) {
+        let name = service(i).name;
+        s.remove_slice(&slice(i, 3, 0).name);
+        s.remove_service(&name);
+    }
+    for i in (1..services).step_by(5) {
+        s.upsert_slice(slice(i, 1 + i % 6, 1));
+    }
+    for i in (2..services).step_by(9) {
+        let mut svc = service(i);
+        svc.ports[0].session_affinity_secs = svc.ports[0].session_affinity_secs.xor(Some(60));
+        svc.ports[0].node_port = svc.ports[0].node_port.xor(Some(31999 - (i % 1000) as u16));
+        s.upsert_service(svc);
+    }
+    for i in services..services + 6 {
+        s.upsert_service(service(i));
+        s.upsert_slice(slice(i, 4, 0));
+    }
+    // A new service with the ClusterIP and port of a gone one (service 0).
+    let mut taker = service(services + 10);
+    taker.ports[0].cluster_ips = service(0).ports[0].cluster_ips.clone();
+    taker.ports[0].port = service(0).ports[0].port;
+    taker.ports[0].name.protocol = service(0).ports[0].name.protocol;
+    s.upsert_service(taker);
+    s.upsert_slice(slice(services + 10, 2, 0));
+    s
+}

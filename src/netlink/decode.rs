@@ -148,6 +148,7 @@ fn read_rules(sock: &mut Socket, fam: u16, wire: &mut WireTable) -> Result<(), N
         let Some(chain) = r.get_str(a(sys::NFTNL_RULE_CHAIN)) else { return Ok(()) };
         let mut exprs = Vec::new();
         r.for_each_expr(|e| exprs.push(decode_expr(e)));
+        exprs.shrink_to_fit();
         let rule = WireRule { exprs, userdata: r.get_data(a(sys::NFTNL_RULE_USERDATA)) };
         if let Some(c) = wire.chains.get_mut(&chain) {
             c.rules.push(rule);
@@ -217,6 +218,10 @@ fn read_elements(sock: &mut Socket, fam: u16, table: &str, set: &mut WireSet) ->
     // SAFETY: the header was just built in a buffer large enough for the payload.
     let req = request(msg::GETSETELEM, fam, NLM_F_DUMP, seq, |nlh| unsafe { raw::set_elems_payload(nlh, &filter) });
     let mut comments: HashMap<Vec<u8>, (Arc<[u8]>, Owner)> = HashMap::new();
+    // Collected first and built into the map at once: a map built from sorted elements has
+    // full nodes, one filled element by element (the kernel's dump order) about half-full
+    // ones, which at a cluster's hundreds of thousands of elements is tens of MB.
+    let mut elements: Vec<(WireKey, WireElement)> = Vec::new();
     sock.dump(&req, seq, |msg| {
         let nlh: *const libc::nlmsghdr = msg.as_ptr().cast();
         let mut s = raw::Set::new()?;
@@ -250,10 +255,12 @@ fn read_elements(sock: &mut Socket, fam: u16, table: &str, set: &mut WireSet) ->
                 None => (None, Owner::infrastructure()),
             };
             let key = WireKey { bytes: key.into(), interval_end };
-            set.elements.insert(key, WireElement { data, userdata, owner });
+            elements.push((key, WireElement { data, userdata, owner }));
         });
         Ok(())
-    })
+    })?;
+    set.elements = elements.into_iter().collect();
+    Ok(())
 }
 
 fn decode_payload_base(b: u32) -> PayloadBase {

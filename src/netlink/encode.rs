@@ -14,7 +14,7 @@ use nftnl_sys as sys;
 use super::NetlinkError;
 use super::sys::{self as raw, msg};
 use crate::nft::ast::Owner;
-use crate::nft::diff::{OpKind, Transaction};
+use crate::nft::diff::{Op, OpKind, OpSink, Transaction};
 use crate::nft::lower::nfproto;
 use crate::nft::wire::*;
 
@@ -24,13 +24,19 @@ const NLM_F_APPEND: u16 = 0x800;
 /// Keep element messages well below the per-message buffer (`nft_nlmsg_maxsize`, ~68 KiB).
 const ELEMENT_MESSAGE_BUDGET: usize = 32 * 1024;
 
-/// What one message in the batch was for.
+/// What one message in the batch was for (kept after the operation itself is gone, so a
+/// refused message can still be named and blamed).
 #[derive(Debug, Clone)]
 pub struct MessageInfo {
     pub seq: u32,
     pub op_index: usize,
-    /// For element messages: the owner of each element, in message order.
-    pub element_owners: Vec<Owner>,
+    /// The operation, as text (`add rule ip nftproxy services`).
+    pub op: Box<str>,
+    /// Whom the message is for: the owner of each element, in message order, for element
+    /// messages; the operation's owner otherwise.
+    pub owners: Vec<Owner>,
+    /// Whether `owners` lists elements (an extended ACK can then name one).
+    pub elements: bool,
 }
 
 /// A finalized batch and what each message in it was for.
@@ -40,6 +46,8 @@ pub struct EncodedBatch {
     /// Whether BATCH_END asks for an ACK (kernel ≥ 6.10), and its seq.
     pub end_ack_seq: Option<u32>,
     pub bytes: usize,
+    /// Operations encoded.
+    pub ops: usize,
 }
 
 enum Body {
@@ -84,20 +92,90 @@ fn u16_attr(attr: u32) -> u16 {
 
 /// Encodes a transaction into one batch.
 pub fn encode(tx: &Transaction) -> Result<EncodedBatch, NetlinkError> {
-    let mut batch = Batch::new();
-    // Each message is written into the batch as soon as it is built, so libnftnl's objects
-    // (one per element) never pile up: a cold sync holds only the batch's bytes.
-    let mut messages: Vec<MessageInfo> = Vec::new();
-    let mut set_ids: HashMap<(u16, String, String), u32> = HashMap::new();
-    let mut next_set_id = 1u32;
+    let mut writer = BatchWriter::new();
+    for op in &tx.ops {
+        writer.write(op);
+    }
+    writer.finish()
+}
 
-    for (index, op) in tx.ops.iter().enumerate() {
+/// Encodes operations one by one into one batch: each message is written into the batch as
+/// soon as it is built, so neither libnftnl's objects (one per element) nor the operations
+/// themselves pile up: a streamed full sync holds only the batch's bytes.
+pub struct BatchWriter {
+    batch: Batch,
+    messages: Vec<MessageInfo>,
+    /// Set ids of the sets added in this batch, for rules that look them up before the commit.
+    set_ids: HashMap<(u16, String, String), u32>,
+    next_set_id: u32,
+    ops: usize,
+    /// The first operation that could not be encoded (the batch is not sent then).
+    error: Option<NetlinkError>,
+}
+
+impl Default for BatchWriter {
+    fn default() -> BatchWriter {
+        BatchWriter::new()
+    }
+}
+
+impl OpSink for BatchWriter {
+    fn push(&mut self, op: Op) {
+        self.write(&op);
+    }
+}
+
+impl BatchWriter {
+    /// An empty batch.
+    pub fn new() -> BatchWriter {
+        BatchWriter {
+            batch: Batch::new(),
+            messages: Vec::new(),
+            set_ids: HashMap::new(),
+            next_set_id: 1,
+            ops: 0,
+            error: None,
+        }
+    }
+
+    /// Encodes one operation (the first encoding error is kept and returned by `finish`).
+    pub fn write(&mut self, op: &Op) {
+        if self.error.is_some() {
+            return;
+        }
+        let index = self.ops;
+        self.ops += 1;
+        if let Err(e) = self.encode(index, op) {
+            self.error = Some(e);
+        }
+    }
+
+    /// The finalized batch, or the first encoding error.
+    pub fn finish(self) -> Result<EncodedBatch, NetlinkError> {
+        if let Some(e) = self.error {
+            return Err(e);
+        }
+        let batch = self.batch.finalize();
+        let seqs = batch.sequence_numbers();
+        let bytes = batch.iter().map(<[u8]>::len).sum();
+        // With BEGIN/END ACKs the batch holds n + 2 sequence numbers; END has the last one.
+        let acked = seqs.len() == self.messages.len() + 2;
+        let end_ack_seq = acked.then(|| seqs.end - 1);
+        Ok(EncodedBatch { batch, messages: self.messages, end_ack_seq, bytes, ops: self.ops })
+    }
+
+    fn encode(&mut self, index: usize, op: &Op) -> Result<(), NetlinkError> {
         let family = u16::try_from(nfproto(op.family)).unwrap_or(2);
         let table = op.table.as_str();
-        let mut push = |kind, flags, body, element_owners| {
+        let (batch, messages, set_ids) = (&mut self.batch, &mut self.messages, &mut self.set_ids);
+        let mut label: Option<Box<str>> = None;
+        let mut push = |kind, flags, body, owners: Option<Vec<Owner>>| {
             let message = Message { kind, family, flags, body, seq: Cell::new(0) };
             batch.add(&message, MsgType::Add);
-            messages.push(MessageInfo { seq: message.seq.get(), op_index: index, element_owners });
+            let op_text = label.get_or_insert_with(|| op.to_string().into_boxed_str()).clone();
+            let elements = owners.is_some();
+            let owners = owners.unwrap_or_else(|| vec![op.owner.clone()]);
+            messages.push(MessageInfo { seq: message.seq.get(), op_index: index, op: op_text, owners, elements });
         };
         match &op.kind {
             OpKind::AddTable { flags, userdata } => {
@@ -106,10 +184,10 @@ pub fn encode(tx: &Transaction) -> Result<EncodedBatch, NetlinkError> {
                 if let Some(ud) = userdata {
                     t.set_data(u16_attr(sys::NFTNL_TABLE_USERDATA), ud);
                 }
-                push(msg::NEWTABLE, NLM_F_CREATE, Body::Table(t), Vec::new());
+                push(msg::NEWTABLE, NLM_F_CREATE, Body::Table(t), None);
             }
             OpKind::DeleteTable => {
-                push(msg::DELTABLE, 0, Body::Table(table_obj(table, family)?), Vec::new());
+                push(msg::DELTABLE, 0, Body::Table(table_obj(table, family)?), None);
             }
             OpKind::AddChain { chain, hook, userdata } => {
                 let mut c = chain_obj(table, family, chain)?;
@@ -122,17 +200,17 @@ pub fn encode(tx: &Transaction) -> Result<EncodedBatch, NetlinkError> {
                 if let Some(ud) = userdata {
                     c.set_data(u16_attr(sys::NFTNL_CHAIN_USERDATA), ud);
                 }
-                push(msg::NEWCHAIN, NLM_F_CREATE, Body::Chain(c), Vec::new());
+                push(msg::NEWCHAIN, NLM_F_CREATE, Body::Chain(c), None);
             }
             OpKind::FlushChain { chain } => {
                 let mut r = raw::Rule::new()?;
                 r.set_str(u16_attr(sys::NFTNL_RULE_TABLE), table)?;
                 r.set_str(u16_attr(sys::NFTNL_RULE_CHAIN), chain)?;
                 r.set_u32(u16_attr(sys::NFTNL_RULE_FAMILY), u32::from(family));
-                push(msg::DELRULE, 0, Body::Rule(r), Vec::new());
+                push(msg::DELRULE, 0, Body::Rule(r), None);
             }
             OpKind::DeleteChain { chain } => {
-                push(msg::DELCHAIN, 0, Body::Chain(chain_obj(table, family, chain)?), Vec::new());
+                push(msg::DELCHAIN, 0, Body::Chain(chain_obj(table, family, chain)?), None);
             }
             OpKind::AddRule { chain, rule } => {
                 let mut r = raw::Rule::new()?;
@@ -146,11 +224,11 @@ pub fn encode(tx: &Transaction) -> Result<EncodedBatch, NetlinkError> {
                 if let Some(ud) = &rule.userdata {
                     r.set_data(u16_attr(sys::NFTNL_RULE_USERDATA), ud);
                 }
-                push(msg::NEWRULE, NLM_F_CREATE | NLM_F_APPEND, Body::Rule(r), Vec::new());
+                push(msg::NEWRULE, NLM_F_CREATE | NLM_F_APPEND, Body::Rule(r), None);
             }
             OpKind::AddSet { set, spec } => {
-                let id = next_set_id;
-                next_set_id += 1;
+                let id = self.next_set_id;
+                self.next_set_id += 1;
                 set_ids.insert((family, table.to_string(), set.clone()), id);
                 let mut s = set_obj(table, family, set)?;
                 s.set_u32(u16_attr(sys::NFTNL_SET_FLAGS), spec.flags);
@@ -167,10 +245,10 @@ pub fn encode(tx: &Transaction) -> Result<EncodedBatch, NetlinkError> {
                     s.set_data(u16_attr(sys::NFTNL_SET_USERDATA), ud);
                 }
                 s.set_u32(u16_attr(sys::NFTNL_SET_ID), id);
-                push(msg::NEWSET, NLM_F_CREATE, Body::Set(s), Vec::new());
+                push(msg::NEWSET, NLM_F_CREATE, Body::Set(s), None);
             }
             OpKind::DeleteSet { set } => {
-                push(msg::DELSET, 0, Body::Set(set_obj(table, family, set)?), Vec::new());
+                push(msg::DELSET, 0, Body::Set(set_obj(table, family, set)?), None);
             }
             OpKind::AddElements { set, elements } => {
                 let id = set_ids.get(&(family, table.to_string(), set.clone())).copied();
@@ -184,7 +262,7 @@ pub fn encode(tx: &Transaction) -> Result<EncodedBatch, NetlinkError> {
                         s.add_elem(encode_element(key, Some(element))?);
                         owners.push(element.owner.clone());
                     }
-                    push(msg::NEWSETELEM, NLM_F_CREATE, Body::Elems(s), owners);
+                    push(msg::NEWSETELEM, NLM_F_CREATE, Body::Elems(s), Some(owners));
                 }
             }
             OpKind::DeleteElements { set, keys } => {
@@ -195,19 +273,12 @@ pub fn encode(tx: &Transaction) -> Result<EncodedBatch, NetlinkError> {
                         s.add_elem(encode_element(key, None)?);
                         owners.push(owner.clone());
                     }
-                    push(msg::DELSETELEM, 0, Body::Elems(s), owners);
+                    push(msg::DELSETELEM, 0, Body::Elems(s), Some(owners));
                 }
             }
         }
+        Ok(())
     }
-
-    let batch = batch.finalize();
-    let seqs = batch.sequence_numbers();
-    let bytes = batch.iter().map(<[u8]>::len).sum();
-    // With BEGIN/END ACKs the batch holds n + 2 sequence numbers; END has the last one.
-    let acked = seqs.len() == messages.len() + 2;
-    let end_ack_seq = acked.then(|| seqs.end - 1);
-    Ok(EncodedBatch { batch, messages, end_ack_seq, bytes })
 }
 
 fn chunk_by_size<T>(items: &[T], size: impl Fn(&T) -> usize) -> Vec<&[T]> {

@@ -81,7 +81,7 @@ impl Netfilter for FakeNetfilter {
         }
         self.state = state;
         self.applied.push(tx.clone());
-        Ok(ApplyStats { messages: tx.ops.len(), ..ApplyStats::default() })
+        Ok(ApplyStats { operations: tx.ops.len(), messages: tx.ops.len(), ..ApplyStats::default() })
     }
 
     fn read(&mut self, tables: &[(IpFamily, &str)]) -> Result<WireRuleset, NetlinkError> {

@@ -13,13 +13,14 @@ mod socket;
 mod sys;
 
 use std::io;
+use std::ops::ControlFlow;
 use std::time::{Duration, Instant};
 
 use thiserror::Error;
 
 use crate::net::IpFamily;
 use crate::nft::ast::Owner;
-use crate::nft::diff::Transaction;
+use crate::nft::diff::{OpSink, Transaction};
 use crate::nft::wire::WireRuleset;
 
 pub use fake::FakeNetfilter;
@@ -95,20 +96,37 @@ impl std::fmt::Display for MessageFailure {
 /// What applying a transaction cost.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct ApplyStats {
+    /// Operations applied (an element operation may take several messages).
+    pub operations: usize,
     /// Netlink messages sent, BEGIN/END excluded.
     pub messages: usize,
     /// Batch size in bytes.
     pub bytes: usize,
-    /// Time spent encoding the batch.
+    /// Time spent encoding the batch (for [`Netfilter::apply_stream`], finishing it: the
+    /// operations are encoded as they are produced).
     pub encode: Duration,
     /// Time inside sendmsg and reading the replies (the kernel's work).
     pub kernel: Duration,
 }
 
+/// Produces a transaction's operations into a sink; breaking abandons the transaction.
+pub type StreamWriter<'a> = dyn FnMut(&mut dyn OpSink) -> ControlFlow<()> + 'a;
+
 /// Something that holds nftables state: the kernel, or a fake for tests.
 pub trait Netfilter {
     /// Applies all operations atomically, or none.
     fn apply(&mut self, tx: &Transaction) -> Result<ApplyStats, NetlinkError>;
+
+    /// Applies the operations `write` produces, atomically, as [`Netfilter::apply`] does. The
+    /// kernel encodes each operation as it arrives, so the whole transaction is never held in
+    /// memory. When `write` breaks, nothing is applied and `Ok(None)` is returned.
+    fn apply_stream(&mut self, write: &mut StreamWriter<'_>) -> Result<Option<ApplyStats>, NetlinkError> {
+        let mut tx = Transaction::default();
+        if write(&mut tx).is_break() {
+            return Ok(None);
+        }
+        self.apply(&tx).map(Some)
+    }
 
     /// Reads the named tables (those that exist).
     fn read(&mut self, tables: &[(IpFamily, &str)]) -> Result<WireRuleset, NetlinkError>;
@@ -133,14 +151,12 @@ impl Kernel {
     }
 }
 
-impl Netfilter for Kernel {
-    fn apply(&mut self, tx: &Transaction) -> Result<ApplyStats, NetlinkError> {
-        if tx.is_empty() {
+impl Kernel {
+    /// Sends an encoded batch and reads the kernel's verdict.
+    fn send(&mut self, encoded: encode::EncodedBatch, encode_time: Duration) -> Result<ApplyStats, NetlinkError> {
+        if encoded.messages.is_empty() {
             return Ok(ApplyStats::default());
         }
-        let started = Instant::now();
-        let encoded = encode::encode(tx)?;
-        let encode_time = started.elapsed();
         let pages: Vec<&[u8]> = encoded.batch.iter().collect();
         // Errors are the only replies besides BEGIN/END: one per failing message at most.
         let recv = (encoded.messages.len() + 16) * 1024;
@@ -160,7 +176,7 @@ impl Netfilter for Kernel {
                 }
                 continue;
             }
-            failures.push(failure(tx, &encoded, &pages, reply));
+            failures.push(failure(&encoded, &pages, reply));
         }
         if !failures.is_empty() {
             return Err(NetlinkError::Rejected(failures));
@@ -169,7 +185,36 @@ impl Netfilter for Kernel {
         if encoded.end_ack_seq.is_some() && !committed {
             return Err(NetlinkError::NotCommitted);
         }
-        Ok(ApplyStats { messages: encoded.messages.len(), bytes: encoded.bytes, encode: encode_time, kernel })
+        Ok(ApplyStats {
+            operations: encoded.ops,
+            messages: encoded.messages.len(),
+            bytes: encoded.bytes,
+            encode: encode_time,
+            kernel,
+        })
+    }
+}
+
+impl Netfilter for Kernel {
+    fn apply(&mut self, tx: &Transaction) -> Result<ApplyStats, NetlinkError> {
+        if tx.is_empty() {
+            return Ok(ApplyStats::default());
+        }
+        let started = Instant::now();
+        let encoded = encode::encode(tx)?;
+        self.send(encoded, started.elapsed())
+    }
+
+    fn apply_stream(&mut self, write: &mut StreamWriter<'_>) -> Result<Option<ApplyStats>, NetlinkError> {
+        let mut writer = encode::BatchWriter::new();
+        if write(&mut writer).is_break() {
+            return Ok(None);
+        }
+        // Encoding runs inside `write`, interleaved with whatever produces the operations:
+        // only finishing the batch is counted here.
+        let finishing = Instant::now();
+        let encoded = writer.finish()?;
+        self.send(encoded, finishing.elapsed()).map(Some)
     }
 
     fn read(&mut self, tables: &[(IpFamily, &str)]) -> Result<WireRuleset, NetlinkError> {
@@ -184,7 +229,7 @@ impl Netfilter for Kernel {
 }
 
 /// Maps an error reply to the operation and owners it belongs to.
-fn failure(tx: &Transaction, encoded: &encode::EncodedBatch, pages: &[&[u8]], reply: &socket::Reply) -> MessageFailure {
+fn failure(encoded: &encode::EncodedBatch, pages: &[&[u8]], reply: &socket::Reply) -> MessageFailure {
     let info = encoded.messages.iter().find(|m| m.seq == reply.seq);
     let errno = -reply.error;
     let Some(info) = info else {
@@ -196,10 +241,8 @@ fn failure(tx: &Transaction, encoded: &encode::EncodedBatch, pages: &[&[u8]], re
             text: reply.text.clone(),
         };
     };
-    let op = &tx.ops[info.op_index];
-    let mut owners = op.owners();
-    if !info.element_owners.is_empty() {
-        owners = info.element_owners.clone();
+    let mut owners = info.owners.clone();
+    if info.elements {
         // The extended ACK offset points into the failing element's nest.
         if let Some(offset) = reply.offset {
             let message = pages
@@ -208,12 +251,12 @@ fn failure(tx: &Transaction, encoded: &encode::EncodedBatch, pages: &[&[u8]], re
                 .find(|(seq, _)| *seq == reply.seq)
                 .map(|(_, bytes)| bytes);
             if let Some(idx) = message.and_then(|m| socket::element_index_at(m, offset))
-                && let Some(owner) = info.element_owners.get(idx)
+                && let Some(owner) = info.owners.get(idx)
             {
                 owners = vec![owner.clone()];
             }
         }
     }
     owners.dedup();
-    MessageFailure { op_index: info.op_index, op: op.to_string(), errno, owners, text: reply.text.clone() }
+    MessageFailure { op_index: info.op_index, op: info.op.to_string(), errno, owners, text: reply.text.clone() }
 }

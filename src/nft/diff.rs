@@ -103,6 +103,19 @@ impl Transaction {
     }
 }
 
+/// Where operations go as they are produced: a [`Transaction`] in memory, or straight into
+/// the netlink batch (a full sync streams its operations, so it never holds them all).
+pub trait OpSink {
+    /// Takes the next operation.
+    fn push(&mut self, op: Op);
+}
+
+impl OpSink for Transaction {
+    fn push(&mut self, op: Op) {
+        self.ops.push(op);
+    }
+}
+
 /// Operations turning `current` into `desired`. Tables of `current` missing from `desired` are
 /// deleted.
 pub fn diff(current: &WireRuleset, desired: &WireRuleset) -> Transaction {
@@ -118,7 +131,7 @@ pub fn diff_into(current: &WireRuleset, desired: WireRuleset) -> Transaction {
         match current.tables.iter().find(|t| t.family == want.family && t.name == want.name) {
             None => create_table(want, &mut tx),
             Some(have) if needs_rebuild(have, &want) => {
-                tx.ops.push(op(&want, OpKind::DeleteTable, Owner::infrastructure()));
+                tx.push(op(&want, OpKind::DeleteTable, Owner::infrastructure()));
                 create_table(want, &mut tx);
             }
             Some(have) => diff_table(have, want, &mut tx),
@@ -126,7 +139,7 @@ pub fn diff_into(current: &WireRuleset, desired: WireRuleset) -> Transaction {
     }
     for have in &current.tables {
         if !wanted.iter().any(|(f, n)| *f == have.family && *n == have.name) {
-            tx.ops.push(op(have, OpKind::DeleteTable, Owner::infrastructure()));
+            tx.push(op(have, OpKind::DeleteTable, Owner::infrastructure()));
         }
     }
     tx
@@ -139,21 +152,21 @@ fn op(table: &WireTable, kind: OpKind, owner: Owner) -> Op {
 /// Whether the table must be replaced as a whole (inside the same transaction): its comment, a
 /// chain's hook or comment, or its `persist` flag changed, which the kernel cannot update in
 /// place (it refuses to toggle `NFT_TABLE_F_PERSIST` with `EOPNOTSUPP`, Linux 6.9).
-fn needs_rebuild(have: &WireTable, want: &WireTable) -> bool {
+pub fn needs_rebuild(have: &WireTable, want: &WireTable) -> bool {
     have.userdata != want.userdata
         || (have.flags ^ want.flags) & super::wire::consts::TABLE_F_PERSIST != 0
         || want.chains.values().any(|c| have.chains.get(&c.name).is_some_and(|h| !h.same_spec(c)))
 }
 
 /// Everything for a table that does not exist yet.
-pub fn create_table(mut want: WireTable, tx: &mut Transaction) {
-    tx.ops.push(op(
+pub fn create_table(mut want: WireTable, tx: &mut dyn OpSink) {
+    tx.push(op(
         &want,
         OpKind::AddTable { flags: want.flags, userdata: want.userdata.clone() },
         Owner::infrastructure(),
     ));
     for chain in want.chains.values() {
-        tx.ops.push(add_chain(&want, chain));
+        tx.push(add_chain(&want, chain));
     }
     let sets = std::mem::take(&mut want.sets);
     for set in sets.into_values() {
@@ -173,24 +186,24 @@ fn add_chain(table: &WireTable, chain: &WireChain) -> Op {
     )
 }
 
-fn add_rules(table: &WireTable, chain: WireChain, tx: &mut Transaction) {
+fn add_rules(table: &WireTable, chain: WireChain, tx: &mut dyn OpSink) {
     for rule in chain.rules {
-        tx.ops.push(op(table, OpKind::AddRule { chain: chain.name.clone(), rule }, chain.owner.clone()));
+        tx.push(op(table, OpKind::AddRule { chain: chain.name.clone(), rule }, chain.owner.clone()));
     }
 }
 
-fn add_set_with_elements(table: &WireTable, set: WireSet, tx: &mut Transaction) {
-    tx.ops.push(op(table, OpKind::AddSet { set: set.name.clone(), spec: set.spec }, set.owner.clone()));
+fn add_set_with_elements(table: &WireTable, set: WireSet, tx: &mut dyn OpSink) {
+    tx.push(op(table, OpKind::AddSet { set: set.name.clone(), spec: set.spec }, set.owner.clone()));
     if !set.dynamic && !set.elements.is_empty() {
         let elements = set.elements.into_iter().collect();
-        tx.ops.push(op(table, OpKind::AddElements { set: set.name, elements }, set.owner));
+        tx.push(op(table, OpKind::AddElements { set: set.name, elements }, set.owner));
     }
 }
 
 /// Operations turning one table into another (both must be the same family and name).
-pub fn diff_table(have: &WireTable, mut want: WireTable, tx: &mut Transaction) {
+pub fn diff_table(have: &WireTable, mut want: WireTable, tx: &mut dyn OpSink) {
     if have.flags != want.flags {
-        tx.ops.push(op(
+        tx.push(op(
             &want,
             OpKind::AddTable { flags: want.flags, userdata: want.userdata.clone() },
             Owner::infrastructure(),
@@ -222,7 +235,7 @@ pub fn diff_table(have: &WireTable, mut want: WireTable, tx: &mut Transaction) {
 
     // 1. New chains, empty, so elements and rules below can point at them.
     for name in &new_chains {
-        tx.ops.push(add_chain(&want, &want.chains[name]));
+        tx.push(add_chain(&want, &want.chains[name]));
     }
 
     // 2. Elements that go away or change, releasing the chains they point at.
@@ -238,7 +251,7 @@ pub fn diff_table(have: &WireTable, mut want: WireTable, tx: &mut Transaction) {
             diff_elements(&old.elements, &set.elements)
         };
         if !dels.is_empty() {
-            tx.ops.push(op(&want, OpKind::DeleteElements { set: set.name.clone(), keys: dels }, set.owner.clone()));
+            tx.push(op(&want, OpKind::DeleteElements { set: set.name.clone(), keys: dels }, set.owner.clone()));
         }
         if !adds.is_empty() {
             element_adds.push((set.name.clone(), set.owner.clone(), adds));
@@ -249,12 +262,12 @@ pub fn diff_table(have: &WireTable, mut want: WireTable, tx: &mut Transaction) {
     for name in rewritten.iter().chain(gone_chains.iter().map(|c| &c.name)) {
         let owner = want.chains.get(name).or_else(|| have.chains.get(name)).map(|c| c.owner.clone());
         let owner = owner.unwrap_or_else(Owner::infrastructure);
-        tx.ops.push(op(&want, OpKind::FlushChain { chain: name.clone() }, owner));
+        tx.push(op(&want, OpKind::FlushChain { chain: name.clone() }, owner));
     }
 
     // 4. Sets whose type changed are replaced, now that no rule uses them.
     for name in want.sets.keys().filter(|n| recreated_sets.contains(n.as_str())) {
-        tx.ops.push(op(&want, OpKind::DeleteSet { set: name.clone() }, want.sets[name].owner.clone()));
+        tx.push(op(&want, OpKind::DeleteSet { set: name.clone() }, want.sets[name].owner.clone()));
     }
 
     // 5. New and replaced sets with their elements; then new elements of kept sets.
@@ -266,7 +279,7 @@ pub fn diff_table(have: &WireTable, mut want: WireTable, tx: &mut Transaction) {
         }
     }
     for (set, owner, adds) in element_adds {
-        tx.ops.push(op(&want, OpKind::AddElements { set, elements: adds }, owner));
+        tx.push(op(&want, OpKind::AddElements { set, elements: adds }, owner));
     }
 
     // 6. Rules of new and rewritten chains, in the desired chain order.
@@ -280,10 +293,10 @@ pub fn diff_table(have: &WireTable, mut want: WireTable, tx: &mut Transaction) {
 
     // 7. Sets and chains nothing references any more.
     for set in gone_sets {
-        tx.ops.push(op(&want, OpKind::DeleteSet { set: set.name.clone() }, set.owner.clone()));
+        tx.push(op(&want, OpKind::DeleteSet { set: set.name.clone() }, set.owner.clone()));
     }
     for chain in gone_chains {
-        tx.ops.push(op(&want, OpKind::DeleteChain { chain: chain.name.clone() }, chain.owner.clone()));
+        tx.push(op(&want, OpKind::DeleteChain { chain: chain.name.clone() }, chain.owner.clone()));
     }
 }
 

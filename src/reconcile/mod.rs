@@ -8,12 +8,14 @@
 //! kernel, so anything that drifted (a flushed chain, a deleted element, a deleted table) is
 //! repaired in the same single transaction.
 
+mod full;
 pub mod programmed;
 pub mod runner;
 
 use std::borrow::Cow;
 use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::fmt;
+use std::ops::ControlFlow;
 use std::time::{Duration, Instant};
 
 use thiserror::Error;
@@ -28,11 +30,12 @@ use crate::netlink::{ApplyStats, Netfilter, NetlinkError};
 use crate::nft::ast::Owner;
 use crate::nft::diff::{Transaction, diff, diff_into};
 use crate::nft::lower::{lower_ruleset, lower_table};
-use crate::nft::wire::{WireRuleset, WireTable, consts};
+use crate::nft::wire::{WireRuleset, WireSet, WireTable, consts};
 use crate::nodeaddr::NodePortTargets;
-use crate::plan::slots::SlotTable;
+use crate::plan::slots::{MapKind, SlotTable};
 use crate::plan::{self, ConntrackTarget, HealthCheck, Plan, PlanInput, PlanStats, plan};
 use crate::source::{Event, Kind};
+use full::FullStream;
 use programmed::{Programmed, ProgrammedService};
 
 /// Errors of a sync.
@@ -71,16 +74,19 @@ impl fmt::Display for SyncReason {
 pub struct SyncReport {
     pub reason: SyncReason,
     pub full: bool,
-    /// The operations sent (empty when the kernel already matched).
+    /// The operations a partial sync sent (a full sync streams its operations into the batch
+    /// and keeps none: `apply.operations` counts them).
     pub transaction: Transaction,
     pub apply: ApplyStats,
     /// Operations that repaired drift found by a full sync (0 on partial syncs).
     pub drift_repairs: usize,
     pub services_changed: usize,
+    /// Time planning; for a full sync, planning, diffing and encoding, which run interleaved
+    /// (one service at a time, straight into the batch).
     pub plan: Duration,
     /// Time reading the kernel's tables back (full syncs).
     pub read: Duration,
-    /// Time lowering and diffing.
+    /// Time lowering and diffing (partial syncs).
     pub diff: Duration,
     pub total: Duration,
 }
@@ -582,70 +588,69 @@ impl Reconciler {
             || self.programmed.as_ref().is_none_or(|p| p.families() != families.as_slice())
             || self.targets.as_ref() != Some(&targets);
 
-        // A full sync reads the kernel first. With nothing programmed the endpoint blocks found
-        // there seed the plan, so a restart changes nothing that did not change.
-        let mut read = Duration::ZERO;
-        let kernel = if full {
-            match self.nf.read(&table_names(&self.config)) {
-                Ok(k) => {
-                    read = started.elapsed();
-                    k
-                }
-                Err(e) => {
-                    self.needs_full = true;
-                    return Err(e.into());
-                }
-            }
-        } else {
-            WireRuleset::default()
-        };
-        if full && self.programmed.is_none() {
-            self.slots = SlotTable::from_kernel(&kernel);
-        }
-
         let planning = Instant::now();
         let input =
             PlanInput { config: &self.config, state: &state, nodeports_v4: &targets.v4, nodeports_v6: &targets.v6 };
         let mut drift_repairs = 0;
-        let diff_time;
-        let (transaction, planned_services) = if full {
+        let mut read = Duration::ZERO;
+        let (outcome, transaction, planned_services, plan_time, diff_time) = if full {
             // Only drift is left to repair when nothing else changed since the last sync.
             let only_drift = self.programmed.is_some() && self.pending.is_empty() && !self.node_changed;
+            let seed_slots = self.programmed.is_none();
             self.programmed = None;
-            self.slots.begin();
-            let infrastructure: Vec<_> = plan::plan_infrastructure(&input, &families).iter().map(lower_table).collect();
-            let mut tables = infrastructure.clone();
-            let mut programmed = Programmed::new(families.clone(), infrastructure);
-            let mut planned = 0;
-            for svc in state.services() {
-                let service_plan = plan::plan_service(&input, &families, svc, &mut self.slots);
-                let (name, record, fragments) = ProgrammedService::lower(service_plan, state.snapshot(&svc.name));
-                programmed.insert(name, record, &fragments);
-                for (table, fragment) in tables.iter_mut().zip(fragments) {
-                    crate::nft::merge_first_claim(
-                        &mut table.sets,
-                        &mut table.chains,
-                        fragment.sets,
-                        fragment.chains,
-                        |s| &mut s.elements,
-                    );
+            let mut rebuild = false;
+            loop {
+                // A full sync reads the kernel first. With nothing programmed the endpoint
+                // blocks found there seed the plan, so a restart changes nothing that did not
+                // change.
+                let reading = Instant::now();
+                let kernel = match self.nf.read(&table_names(&self.config)) {
+                    Ok(k) => k,
+                    Err(e) => {
+                        self.needs_full = true;
+                        return Err(e.into());
+                    }
+                };
+                read += reading.elapsed();
+                if seed_slots {
+                    self.slots = SlotTable::from_kernel(&kernel);
                 }
-                planned += 1;
+                let mut infrastructure: Vec<WireTable> =
+                    plan::plan_infrastructure(&input, &families).iter().map(lower_table).collect();
+                for table in &mut infrastructure {
+                    table.flags = table_flags(self.ownership, kernel.table(table.family));
+                }
+                self.table_flags = infrastructure.iter().map(|t| (t.family, t.flags)).collect();
+                let streamed = stream_full_sync(
+                    self.nf.as_mut(),
+                    &mut self.slots,
+                    &input,
+                    &families,
+                    infrastructure,
+                    kernel,
+                    rebuild,
+                );
+                match streamed {
+                    Ok((None, _, reason)) => {
+                        warn!(reason = %reason.unwrap_or_default(), "a full sync rebuilds nftproxy's tables (in one transaction)");
+                        rebuild = true;
+                        continue;
+                    }
+                    Ok((Some(apply), programmed, _)) => {
+                        if only_drift {
+                            drift_repairs = apply.operations;
+                        }
+                        let planned = programmed.services().count();
+                        self.programmed = Some(programmed);
+                        let plan_time = planning.elapsed().saturating_sub(read).saturating_sub(apply.kernel);
+                        break (Ok(apply), Transaction::default(), planned, plan_time, Duration::ZERO);
+                    }
+                    Err(e) => {
+                        let plan_time = planning.elapsed().saturating_sub(read);
+                        break (Err(e), Transaction::default(), 0, plan_time, Duration::ZERO);
+                    }
+                }
             }
-            self.slots.finish();
-            for table in &mut tables {
-                plan::order_sets_by(&mut table.sets, |s| s.owner.is_infrastructure());
-                table.flags = table_flags(self.ownership, kernel.table(table.family));
-            }
-            self.table_flags = tables.iter().map(|t| (t.family, t.flags)).collect();
-            let diffing = Instant::now();
-            let tx = diff_into(&kernel, WireRuleset { tables });
-            diff_time = diffing.elapsed();
-            if only_drift {
-                drift_repairs = tx.ops.len();
-            }
-            self.programmed = Some(programmed);
-            (tx, planned)
         } else if let Some(programmed) = self.programmed.as_mut() {
             let (config, slots) = (&self.config, &mut self.slots);
             let mut replan = |name: &NamespacedName, service: &ProgrammedService| {
@@ -680,19 +685,19 @@ impl Reconciler {
                 replan_service(config, &targets, &families, slots, name, service)
             };
             let tx = programmed.replace(changes, &mut replan);
-            diff_time = diffing.elapsed();
-            (tx, planned)
+            let diff_time = diffing.elapsed();
+            let plan_time = planning.elapsed().saturating_sub(diff_time);
+            let outcome = self.nf.apply(&tx);
+            (outcome, tx, planned, plan_time, diff_time)
         } else {
             return Err(SyncError::Internal("a partial sync without programmed state"));
         };
-        let plan_time = planning.elapsed().saturating_sub(diff_time);
-        drop(kernel);
 
-        let Some(programmed) = self.programmed.as_ref() else {
-            return Err(SyncError::Internal("no programmed state after planning"));
-        };
-        match self.nf.apply(&transaction) {
+        match outcome {
             Ok(apply) => {
+                let Some(programmed) = self.programmed.as_ref() else {
+                    return Err(SyncError::Internal("no programmed state after planning"));
+                };
                 self.needs_full = false;
                 self.pending.clear();
                 self.node_changed = false;
@@ -776,6 +781,66 @@ impl Reconciler {
             PlanInput { config: &self.config, state: &state, nodeports_v4: &targets.v4, nodeports_v6: &targets.v6 };
         plan(&input, &mut self.slots.clone()).ruleset.to_string()
     }
+}
+
+/// What a streamed full sync returns: the kernel's answer (`None`: it stopped before sending
+/// anything, since the tables must be rebuilt), what was programmed, and why it stopped.
+type Streamed = (Option<ApplyStats>, Programmed, Option<String>);
+
+/// Plans every service and streams the difference with the kernel's tables into one
+/// transaction (see [`full`]): the infrastructure, then each service in name order, then the
+/// removal of whatever the kernel holds that nothing planned claimed.
+fn stream_full_sync(
+    nf: &mut dyn Netfilter,
+    slots: &mut SlotTable,
+    input: &PlanInput<'_>,
+    families: &[IpFamily],
+    infrastructure: Vec<WireTable>,
+    kernel: WireRuleset,
+    rebuild: bool,
+) -> Result<Streamed, NetlinkError> {
+    let mut programmed = Programmed::new(families.to_vec(), infrastructure.clone());
+    let mut stream = FullStream::new(kernel, infrastructure, rebuild);
+    slots.begin();
+    if stream.creates_tables() {
+        stream.add_up_front(endpoint_maps(input, families, slots));
+    }
+    let applied = nf.apply_stream(&mut |sink| {
+        stream.begin(sink);
+        for svc in input.state.services() {
+            let service_plan = plan::plan_service(input, families, svc, slots);
+            let (name, record, mut fragments) = ProgrammedService::lower(service_plan, input.state.snapshot(&svc.name));
+            programmed.insert_first_claims(name, record, &mut fragments);
+            stream.service(sink, fragments)?;
+        }
+        slots.finish();
+        stream.finish(sink);
+        ControlFlow::Continue(())
+    })?;
+    Ok((applied, programmed, stream.rebuild_reason.take()))
+}
+
+/// The endpoint maps the services use, (family index, empty map): every service is planned
+/// once without keeping anything, which also places every endpoint window in the slot table.
+fn endpoint_maps(input: &PlanInput<'_>, families: &[IpFamily], slots: &mut SlotTable) -> Vec<(usize, WireSet)> {
+    let mut seen: HashSet<(usize, String)> = HashSet::new();
+    let mut maps = Vec::new();
+    for svc in input.state.services() {
+        let service_plan = plan::plan_service(input, families, svc, slots);
+        for (fi, fragment) in service_plan.fragments.iter().enumerate() {
+            let new = |name: &String| MapKind::parse(name).is_some() && !seen.contains(&(fi, name.clone()));
+            if !fragment.sets.keys().any(new) {
+                continue;
+            }
+            for (name, mut set) in lower_table(fragment).sets {
+                if MapKind::parse(&name).is_some() && seen.insert((fi, name)) {
+                    set.elements.clear();
+                    maps.push((fi, set));
+                }
+            }
+        }
+    }
+    maps
 }
 
 /// Plans a programmed service again from the state it was planned with, its endpoint windows

@@ -108,6 +108,36 @@ impl Programmed {
         self.services.insert(name, service);
     }
 
+    /// Records a service of a full sync, where services arrive in name order, and removes from
+    /// its fragments the shared keys an earlier claimant holds (the infrastructure, or a
+    /// service before it): what is left is what this service writes into the shared sets, as
+    /// [`crate::plan::plan`] merges them.
+    pub fn insert_first_claims(&mut self, name: NamespacedName, service: ProgrammedService, fragments: &mut Fragments) {
+        self.count_claims(&name, fragments, 1);
+        for (fi, fragment) in fragments.iter_mut().enumerate() {
+            let family = u8::try_from(fi).unwrap_or(u8::MAX);
+            for set in fragment.sets.values_mut() {
+                if set_is_shard(&set.name) || !self.is_shared(fi, &set.name) {
+                    continue;
+                }
+                let infrastructure = self.infrastructure.get(fi).and_then(|t| t.sets.get(&set.name));
+                let held = |key: &WireKey| infrastructure.is_some_and(|s| s.elements.contains_key(key));
+                if set.name == HAIRPIN {
+                    let hairpins = &self.hairpins;
+                    set.elements.retain(|key, _| !held(key) && hairpins.get(&(family, key.clone())) == Some(&1));
+                    continue;
+                }
+                let Some(id) = self.claimed_sets.iter().position(|s| *s == set.name) else { continue };
+                let id = u8::try_from(id).unwrap_or(u8::MAX);
+                let claims = &self.claims;
+                set.elements.retain(|key, _| {
+                    !held(key) && claims.get(&(family, id, key.clone())).and_then(|c| c.first()) == Some(&name)
+                });
+            }
+        }
+        self.services.insert(name, service);
+    }
+
     /// The families the tables are for.
     pub fn families(&self) -> &[IpFamily] {
         &self.families

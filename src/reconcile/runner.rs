@@ -161,7 +161,7 @@ mod tests {
     impl Observer for Record {
         fn synced(&mut self, result: Result<&Synced, &SyncError>, _: &mut Reconciler) {
             let s = result.unwrap();
-            self.0.push((s.report.reason, s.report.full, s.report.transaction.ops.len()));
+            self.0.push((s.report.reason, s.report.full, s.report.apply.operations));
             if self.0.len() >= self.2 {
                 self.1.store(true, Ordering::Relaxed);
             }

@@ -43,14 +43,17 @@ fn reconciler(kernel: &SharedKernel) -> Reconciler {
     r
 }
 
-/// Asserts the kernel equals the from-scratch plan; returns the last transaction's summary.
+/// Asserts the kernel equals the from-scratch plan; returns the summary of the transaction
+/// the sync applied (a full sync streams it: the fake kernel's log has it).
 fn check(r: &mut Reconciler, kernel: &SharedKernel, step: &str) -> Vec<String> {
     let synced = r.sync(SyncReason::Changes, false).unwrap_or_else(|e| panic!("{step}: {e}"));
     let desired = r.desired();
     let k = kernel.0.lock().unwrap();
     let drift = diff(&k.state, &desired);
     assert!(drift.is_empty(), "{step}: the kernel differs from a full plan: {:#?}", drift.summary());
-    synced.report.transaction.summary()
+    let applied = k.applied.last().expect("a sync applies a transaction");
+    assert_eq!(applied.ops.len(), synced.report.apply.operations, "{step}");
+    applied.summary()
 }
 
 fn with_endpoints(i: usize, ips: &[IpAddr]) -> EndpointSliceInfo {
@@ -315,4 +318,73 @@ fn a_service_refused_after_it_was_programmed_is_taken_out() {
     assert!(r.excluded().contains_key(&cluster::service(4).name));
     assert!(diff(&kernel.0.lock().unwrap().state, &r.desired()).is_empty());
     assert!(!r.render().contains("ns4/svc4:"), "its old rules are gone too");
+}
+
+#[test]
+fn a_restart_over_a_stale_ruleset_converges_in_one_transaction() {
+    let kernel = SharedKernel::default();
+    let mut first = reconciler(&kernel);
+    first.replace_state(cluster::state(Size { services: 120, endpoints: 3 }));
+    check(&mut first, &kernel, "initial");
+    drop(first);
+
+    // A new process: nothing programmed, the kernel holds the old ruleset.
+    let mut second = reconciler(&kernel);
+    second.replace_state(cluster::changed_while_down(120));
+    let ops = check(&mut second, &kernel, "restart over a stale ruleset");
+    assert_eq!(kernel.0.lock().unwrap().applied.len(), 2, "one transaction per sync");
+    assert!(ops.iter().any(|o| o.starts_with("delete chain ")), "gone services' chains are deleted: {ops:#?}");
+    assert!(ops.iter().any(|o| o.starts_with("delete element ip nftproxy endpoints-")), "{ops:#?}");
+    // Nothing is added again that the kernel already held: unchanged services cost nothing.
+    assert!(!ops.iter().any(|o| o.contains("service-") && o.contains("/svc3/")), "{ops:#?}");
+
+    // A further full sync finds nothing to do.
+    let again = second.sync(SyncReason::Periodic, true).unwrap();
+    assert!(again.report.full);
+    assert_eq!(again.report.apply.operations, 0, "{:#?}", kernel.0.lock().unwrap().applied.last().unwrap().summary());
+    assert_eq!(again.report.drift_repairs, 0);
+}
+
+#[test]
+fn a_full_sync_repairs_drift() {
+    let kernel = SharedKernel::default();
+    let mut r = reconciler(&kernel);
+    r.replace_state(cluster::state(Size { services: 40, endpoints: 3 }));
+    check(&mut r, &kernel, "initial");
+    {
+        let mut k = kernel.0.lock().unwrap();
+        let table = &mut k.state.tables[0];
+        // An element gone from a shared map, a service chain flushed, a stray element added.
+        let service_ips = table.sets.get_mut("service-ips").unwrap();
+        let (key, _) = service_ips.elements.pop_first().unwrap();
+        let stray = crate::nft::wire::WireKey::new(&[10, 99, 99, 99, 6, 0, 0, 0, 0, 80, 0, 0]);
+        service_ips.elements.insert(stray, service_ips.elements.values().next().unwrap().clone());
+        assert_ne!(key.bytes.as_slice(), &[10, 99, 99, 99, 6, 0, 0, 0, 0, 80, 0, 0]);
+        let chain = table.chains.values_mut().find(|c| c.name.starts_with("service-")).unwrap();
+        chain.rules.clear();
+    }
+    let synced = r.sync(SyncReason::Periodic, true).unwrap();
+    assert!(synced.report.drift_repairs >= 3, "{}", synced.report.drift_repairs);
+    assert!(diff(&kernel.0.lock().unwrap().state, &r.desired()).is_empty());
+}
+
+#[test]
+fn an_object_that_cannot_change_in_place_rebuilds_the_table_in_one_transaction() {
+    let kernel = SharedKernel::default();
+    let mut r = reconciler(&kernel);
+    r.replace_state(cluster::state(Size { services: 30, endpoints: 2 }));
+    check(&mut r, &kernel, "initial");
+    {
+        let mut k = kernel.0.lock().unwrap();
+        let chain = k.state.tables[0].chains.values_mut().find(|c| c.name.starts_with("service-")).unwrap();
+        chain.userdata = Some(crate::nft::wire::udata::comment("changed by hand"));
+    }
+    let before = kernel.0.lock().unwrap().applied.len();
+    let synced = r.sync(SyncReason::Periodic, true).unwrap();
+    assert!(synced.report.full);
+    let k = kernel.0.lock().unwrap();
+    assert_eq!(k.applied.len(), before + 1, "one transaction");
+    let ops = k.applied.last().unwrap().summary();
+    assert_eq!(ops[0], "delete table ip nftproxy", "{ops:#?}");
+    assert!(diff(&k.state, &r.desired()).is_empty());
 }
