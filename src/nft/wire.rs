@@ -389,6 +389,19 @@ pub struct WireSet {
     pub owner: Owner,
 }
 
+impl WireSet {
+    /// The same set without elements.
+    pub fn empty_like(&self) -> WireSet {
+        WireSet {
+            name: self.name.clone(),
+            spec: self.spec.clone(),
+            elements: BTreeMap::new(),
+            dynamic: self.dynamic,
+            owner: self.owner.clone(),
+        }
+    }
+}
+
 /// A table and everything in it.
 #[derive(Debug, Clone)]
 pub struct WireTable {
@@ -401,6 +414,18 @@ pub struct WireTable {
 }
 
 impl WireTable {
+    /// A table with the same identity and no contents.
+    pub fn empty_like(&self) -> WireTable {
+        WireTable {
+            family: self.family,
+            name: self.name.clone(),
+            flags: self.flags,
+            userdata: self.userdata.clone(),
+            sets: IndexMap::new(),
+            chains: IndexMap::new(),
+        }
+    }
+
     /// Number of rules.
     pub fn rule_count(&self) -> usize {
         self.chains.values().map(|c| c.rules.len()).sum()

@@ -132,7 +132,7 @@ impl FullStream {
             match fs.have.as_mut() {
                 None => create_table(want, &mut out),
                 Some(have) => {
-                    let mut claimed = empty_like(have);
+                    let mut claimed = have.empty_like();
                     for name in want.chains.keys() {
                         if let Some(chain) = have.chains.swap_remove(name) {
                             claimed.chains.insert(name.clone(), chain);
@@ -162,7 +162,7 @@ impl FullStream {
     pub fn service(&mut self, sink: &mut dyn OpSink, fragments: Vec<WireTable>) -> ControlFlow<()> {
         for (fi, want) in fragments.into_iter().enumerate() {
             let Some(fs) = self.families.get_mut(fi) else { continue };
-            let mut claimed = empty_like(&want);
+            let mut claimed = want.empty_like();
             for (name, chain) in &want.chains {
                 let Some(have) = fs.have.as_mut().and_then(|h| h.chains.swap_remove(name)) else { continue };
                 if !have.same_spec(chain) {
@@ -190,7 +190,7 @@ impl FullStream {
                         // Written with the infrastructure, or an endpoint map an earlier service
                         // added in this transaction: only elements now.
                         None if fs.infrastructure_sets.contains(name) || fs.shards_present.contains(name) => {
-                            claimed.sets.insert(name.clone(), empty_set_like(set));
+                            claimed.sets.insert(name.clone(), set.empty_like());
                         }
                         None => {
                             fs.shards_present.insert(name.clone());
@@ -260,7 +260,7 @@ fn must_rebuild(have: &WireTable, want: &WireTable) -> bool {
 /// for an endpoint map the whole numgen window of each of its keys (a service port's window is
 /// diffed as a group, and nothing else may be left inside it).
 fn take_keys(from: &mut WireSet, want: &WireSet) -> WireSet {
-    let mut out = empty_set_like(from);
+    let mut out = from.empty_like();
     if from.dynamic {
         return out;
     }
@@ -319,30 +319,24 @@ impl OpSink for Buffered<'_> {
         }
         let key = (self.fi, set.clone());
         let Op { family, table, kind, owner } = op;
-        match kind {
-            OpKind::AddElements { set, elements } => {
-                let pending = self.pending.entry(key.clone()).or_default();
-                pending.op.get_or_insert((family, table, owner));
-                pending.adds.extend(elements);
-                if pending.adds.len() + pending.dels.len() >= SHARED_ELEMENTS_PER_OP {
-                    flush(&set, pending, self.sink);
-                }
-            }
-            OpKind::DeleteElements { set, keys } => {
-                let pending = self.pending.entry(key.clone()).or_default();
-                pending.op.get_or_insert((family, table, owner));
-                pending.dels.extend(keys);
-                if pending.adds.len() + pending.dels.len() >= SHARED_ELEMENTS_PER_OP {
-                    flush(&set, pending, self.sink);
-                }
-            }
+        let (set, dels, adds) = match kind {
+            OpKind::AddElements { set, elements } => (set, Vec::new(), elements),
+            OpKind::DeleteElements { set, keys } => (set, keys, Vec::new()),
             // A set is added or deleted: what waits for it goes first (nothing, for a new one).
             kind => {
                 if let Some(pending) = self.pending.get_mut(&key) {
                     flush(&key.1, pending, self.sink);
                 }
                 self.sink.push(Op { family, table, kind, owner });
+                return;
             }
+        };
+        let pending = self.pending.entry(key).or_default();
+        pending.op.get_or_insert((family, table, owner));
+        pending.dels.extend(dels);
+        pending.adds.extend(adds);
+        if pending.adds.len() + pending.dels.len() >= SHARED_ELEMENTS_PER_OP {
+            flush(&set, pending, self.sink);
         }
     }
 }
@@ -373,26 +367,4 @@ fn table_op(table: &WireTable, kind: OpKind) -> Op {
 
 fn object_op(table: &WireTable, kind: OpKind, owner: Owner) -> Op {
     Op { family: table.family, table: table.name.clone(), kind, owner }
-}
-
-/// A table with the same identity and no contents.
-fn empty_like(table: &WireTable) -> WireTable {
-    WireTable {
-        family: table.family,
-        name: table.name.clone(),
-        flags: table.flags,
-        userdata: table.userdata.clone(),
-        sets: Default::default(),
-        chains: Default::default(),
-    }
-}
-
-fn empty_set_like(set: &WireSet) -> WireSet {
-    WireSet {
-        name: set.name.clone(),
-        spec: set.spec.clone(),
-        elements: BTreeMap::new(),
-        dynamic: set.dynamic,
-        owner: set.owner.clone(),
-    }
 }

@@ -191,7 +191,7 @@ impl Programmed {
         for (fi, fragment) in fragments.iter().enumerate() {
             for set in fragment.sets.values() {
                 if set_is_shard(&set.name) {
-                    let entry = self.shards.entry((fi, set.name.clone())).or_insert_with(|| (0, empty_set_like(set)));
+                    let entry = self.shards.entry((fi, set.name.clone())).or_insert_with(|| (0, shared_empty(set)));
                     let n = i64::try_from(entry.0).unwrap_or(i64::MAX) + delta * set.elements.len() as i64;
                     entry.0 = usize::try_from(n.max(0)).unwrap_or(0);
                     if entry.0 == 0 {
@@ -313,7 +313,7 @@ impl Programmed {
         let mut have_sets: BTreeMap<(usize, String), WireSet> =
             sets.iter().filter_map(|(fi, set)| Some(((*fi, set.clone()), self.empty_shared(*fi, set)?))).collect();
 
-        let mut have: Vec<WireTable> = self.infrastructure.iter().map(empty_like).collect();
+        let mut have: Vec<WireTable> = self.infrastructure.iter().map(WireTable::empty_like).collect();
         let mut want = have.clone();
         for (name, old, new) in &changes {
             if self.services.remove(name).is_some() {
@@ -363,7 +363,7 @@ impl Programmed {
     /// while it holds elements (`None` otherwise).
     fn empty_shared(&self, fi: usize, set: &str) -> Option<WireSet> {
         if let Some(s) = self.infrastructure.get(fi).and_then(|t| t.sets.get(set)) {
-            return Some(empty_set_like(s));
+            return Some(shared_empty(s));
         }
         self.shards.get(&(fi, set.to_string())).map(|(_, s)| s.clone())
     }
@@ -371,28 +371,6 @@ impl Programmed {
 
 fn set_is_shard(name: &str) -> bool {
     MapKind::parse(name).is_some()
-}
-
-/// A table with the same identity and no contents.
-fn empty_like(table: &WireTable) -> WireTable {
-    WireTable {
-        family: table.family,
-        name: table.name.clone(),
-        flags: table.flags,
-        userdata: table.userdata.clone(),
-        sets: Default::default(),
-        chains: Default::default(),
-    }
-}
-
-fn empty_set_like(set: &WireSet) -> WireSet {
-    WireSet {
-        name: set.name.clone(),
-        spec: set.spec.clone(),
-        elements: BTreeMap::new(),
-        dynamic: set.dynamic,
-        owner: Owner::infrastructure(),
-    }
 }
 
 /// Adds a service's chains and own sets to per-family tables.
@@ -405,4 +383,9 @@ fn add_own(tables: &mut [WireTable], fragments: &[WireTable], programmed: &Progr
             table.sets.insert(name.clone(), set.clone());
         }
     }
+}
+
+/// An empty copy of a shared set, owned by the infrastructure.
+fn shared_empty(set: &WireSet) -> WireSet {
+    WireSet { owner: Owner::infrastructure(), ..set.empty_like() }
 }
