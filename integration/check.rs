@@ -89,7 +89,7 @@ fn check_names_each_foreign_conflict_and_exits_1() {
         "WARNING   inet firewalld\n",
         "WARNING   inet firewalld chain filter_FORWARD (hook forward, priority 10)",
         "A filter chain with policy drop and 1 rule.",
-        "It runs after nftproxy's filter-forward (0).",
+        "It sees service traffic after DNAT, addressed to the endpoints",
         // iptables-nft: Docker's nat table and its PREROUTING chain; kube-proxy's iptables mode.
         "WARNING   ip nat\n",
         "ip nat holds Docker's chains: DOCKER.",
@@ -142,10 +142,10 @@ fn check_exits_0_with_only_nftproxys_tables() {
     let (code, text) = check(&ns, &[]);
     assert_eq!(code, Some(0), "{text}");
     assert!(text.contains("No foreign table or chain conflicts with nftproxy's."), "{text}");
-    // All eight base chains were read back with their hooks and priorities.
+    // All four base chains were read back with their hooks and priorities.
     for line in [
-        "  IPv4 prerouting\n      -110  filter  accept     1 rule  ip nftproxy filter-prerouting-pre-dnat *\n      -100  nat     accept     1 rule  ip nftproxy nat-prerouting *\n",
-        "  IPv4 forward\n         0  filter  accept    2 rules  ip nftproxy filter-forward *\n",
+        "  IPv4 prerouting\n      -100  nat     accept    4 rules  ip nftproxy nat-prerouting *\n",
+        "  IPv4 input\n         0  filter  accept    2 rules  ip nftproxy filter-input *\n",
         "  IPv4 postrouting\n       100  nat     accept     1 rule  ip nftproxy nat-postrouting *\n",
     ] {
         assert!(text.contains(line), "missing {line:?} in:\n{text}");

@@ -75,9 +75,12 @@ fn a_service_without_endpoints_is_refused_at_once() {
         let fast = [std::io::ErrorKind::ConnectionRefused, std::io::ErrorKind::PermissionDenied];
         assert!(fast.contains(&err.kind()), "{who} udp: {err}");
     }
-    // A port the ClusterIP does not serve is rejected too (cluster-ips-check).
-    let err = lab.ask("web-2", L4Proto::Tcp, "10.96.0.10:81").expect_err("unknown port");
-    assert_eq!(err.kind(), std::io::ErrorKind::ConnectionRefused);
+    // A port the ClusterIP does not serve is rejected too (cluster-ips-check), whether the
+    // connection is forwarded (from a pod, from outside) or the node's own.
+    for who in ["web-2", "client", "node1"] {
+        let err = lab.ask(who, L4Proto::Tcp, "10.96.0.10:81").expect_err("unknown port");
+        assert_eq!(err.kind(), std::io::ErrorKind::ConnectionRefused, "{who}: {err}");
+    }
     // Once endpoints exist, the same service answers.
     lab.sync(&web_manifests(&[WEB_1]).replace("clusterIP: 10.96.0.20", "clusterIP: 10.96.0.21"));
     assert!(lab.ask("client", L4Proto::Tcp, WEB_TCP).is_ok());

@@ -168,6 +168,8 @@ fn every_shape(family: IpFamily) -> Table {
         Stmt::Cmp { sel: Selector::Daddr(family), op: CmpOp::Ne, value: lo },
         Stmt::Vmap { key: vec![Selector::L4Proto, Selector::Dport], map: "service-nodeports".into() },
     ]));
+    // reject in a nat chain (prerouting: Linux >= 5.9), behind a negated fib test.
+    services.push(Rule::new(vec![Stmt::CtStateNew, Stmt::FibNotLocal(FibAddr::Daddr), Stmt::Reject(family)]));
     services.push(Rule::new(vec![
         Stmt::Cmp { sel: Selector::Iifname, op: CmpOp::Ne, value: Value::Ifname("veth*".into()) },
         Stmt::Cmp { sel: Selector::Iifname, op: CmpOp::Eq, value: Value::Ifname("cbr0".into()) },

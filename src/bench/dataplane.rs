@@ -59,7 +59,7 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
 const WARMUP_CONNECTIONS: usize = 50;
 
 /// The rules the node holds during a trial.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, clap::ValueEnum)]
 pub enum Ruleset {
     /// No rules: the client connects straight to the pod (the floor, without NAT or conntrack).
     None,
@@ -186,19 +186,43 @@ fn single_dnat(cluster_ip: SocketAddrV4, pod: SocketAddrV4) -> String {
     )
 }
 
+/// How a comparison runs its trials.
+#[derive(Debug, Clone)]
+pub struct Trials<'a> {
+    /// The rulesets compared (duplicates count once), interleaved in this order.
+    pub rulesets: &'a [Ruleset],
+    /// Rounds: one trial per ruleset each.
+    pub rounds: usize,
+    /// Length of one trial.
+    pub trial: Duration,
+    /// Pause between loading a ruleset and starting its trial, so the kernel's deferred work
+    /// from the previous flush and the load does not fall into the trial.
+    pub settle: Duration,
+}
+
 /// One data-plane comparison at `services` other services; `iptables_text` is the iptables-restore
 /// input for the same cluster (target last). Creates and removes its own namespaces.
 ///
-/// Each of `rounds` rounds runs one `trial` per ruleset ([`Ruleset::ALL`] rotated by the round
-/// number); between trials the node's ruleset and conntrack table are flushed. The result has
-/// one entry per ruleset, in [`Ruleset::ALL`] order. Callers with kube-proxy's generator pass
-/// e.g. `&|s, t| upstream::iptables_restore(s, NODE, CLUSTER_CIDR, t)`.
+/// Each round runs one trial per ruleset (the rulesets rotated by the round number); between
+/// trials the node's ruleset and conntrack table are flushed. Each trial is also reported on
+/// stderr, so the spread of rounds can be read. The result has one entry per ruleset, in
+/// [`Ruleset::ALL`] order. Callers with kube-proxy's generator pass e.g.
+/// `&|s, t| upstream::iptables_restore(s, NODE, CLUSTER_CIDR, t)`.
 pub fn compare(
     services: usize,
     iptables_text: &dyn Fn(&ClusterState, &NamespacedName) -> String,
-    rounds: usize,
-    trial: Duration,
+    trials: &Trials<'_>,
 ) -> Result<Vec<ConnStats>, DataPlaneError> {
+    let rulesets: Vec<Ruleset> = Ruleset::ALL.into_iter().filter(|r| trials.rulesets.contains(r)).collect();
+    let order: Vec<Ruleset> = {
+        let mut seen = Vec::new();
+        for r in trials.rulesets {
+            if !seen.contains(r) {
+                seen.push(*r);
+            }
+        }
+        seen
+    };
     let mut lab = Lab::new()?;
     let node_ip = lab.add_node(NODE)?.ip;
     let pod_ip = lab.add_pod("server", NODE)?.ip;
@@ -208,7 +232,7 @@ pub fn compare(
 
     let (state, target, cluster_ip) = cluster_with_target(Size { services, endpoints: ENDPOINTS }, pod_ip);
     let pod_addr = SocketAddrV4::new(pod_ip, POD_PORT);
-    let iptables = iptables_text(&state, &target);
+    let iptables = if order.contains(&Ruleset::Iptables) { iptables_text(&state, &target) } else { String::new() };
     let mut config = ProxyConfig::new(NODE);
     config.cluster_cidrs = parse_cidrs("--cluster-cidr", CLUSTER_CIDR)?;
 
@@ -220,11 +244,11 @@ pub fn compare(
     let _server = Server::start(pod, POD_PORT)?;
 
     let mut totals: BTreeMap<Ruleset, Totals> = BTreeMap::new();
-    for round in 0..rounds {
+    for round in 0..trials.rounds {
         // Each round starts one ruleset later, so none always runs first (after the server sat
         // idle) or last.
-        for k in 0..Ruleset::ALL.len() {
-            let ruleset = Ruleset::ALL[(round + k) % Ruleset::ALL.len()];
+        for k in 0..order.len() {
+            let ruleset = order[(round + k) % order.len()];
             clear(node)?;
             let target_addr = match ruleset {
                 Ruleset::None => pod_addr,
@@ -243,14 +267,26 @@ pub fn compare(
                     cluster_ip
                 }
             };
+            if !trials.settle.is_zero() {
+                std::thread::sleep(trials.settle);
+            }
+            let trial = trials.trial;
             let result = client.run(move || connect_loop(target_addr, trial))?;
             let result = result.map_err(|e| DataPlaneError::Client { ruleset, detail: e.to_string() })?;
+            let s = Totals::of(&result).stats(ruleset, services);
+            eprintln!(
+                "bench: data plane {services} services, round {round}, {ruleset:<11}: {:>6.0} conn/s, p50 {:.1} µs, p99 {:.1} µs, {} failures",
+                s.per_second,
+                s.p50.as_secs_f64() * 1e6,
+                s.p99.as_secs_f64() * 1e6,
+                s.failures
+            );
             totals.entry(ruleset).or_default().add(result);
         }
     }
     clear(node)?;
 
-    Ok(Ruleset::ALL.iter().map(|r| totals.remove(r).unwrap_or_default().stats(*r, services)).collect())
+    Ok(rulesets.iter().map(|r| totals.remove(r).unwrap_or_default().stats(*r, services)).collect())
 }
 
 fn apply_error(ruleset: Ruleset, node: &Netns, detail: String) -> DataPlaneError {
@@ -325,6 +361,11 @@ struct Totals {
 }
 
 impl Totals {
+    /// One trial's totals (a copy, for reporting the trial alone).
+    fn of(t: &TrialResult) -> Totals {
+        Totals { latencies_ns: t.latencies_ns.clone(), failures: t.failures, elapsed: t.elapsed }
+    }
+
     fn add(&mut self, t: TrialResult) {
         self.latencies_ns.extend(t.latencies_ns);
         self.failures += t.failures;
@@ -498,7 +539,9 @@ mod tests {
             eprintln!("SKIPPED: needs root ({e})");
             return;
         }
-        let stats = compare(10, &tiny_iptables, 1, Duration::from_millis(300)).expect("compare");
+        let trials =
+            Trials { rulesets: &Ruleset::ALL, rounds: 1, trial: Duration::from_millis(300), settle: Duration::ZERO };
+        let stats = compare(10, &tiny_iptables, &trials).expect("compare");
         assert_eq!(stats.iter().map(|s| s.ruleset).collect::<Vec<_>>(), Ruleset::ALL);
         for s in &stats {
             eprintln!(

@@ -59,7 +59,7 @@ pub struct BenchArgs {
     /// completes.
     #[arg(long)]
     pub quick: bool,
-    /// Cluster sizes, SERVICESxENDPOINTS, comma-separated.
+    /// Cluster sizes, SERVICESxENDPOINTS, comma-separated; empty (`--sizes ''`) for none.
     #[arg(long, value_delimiter = ',', default_value = "1000x10,10000x10,5000x50,44000x1")]
     pub sizes: Vec<String>,
     /// One-change syncs measured per size (a quarter each: endpoint added, endpoint removed,
@@ -90,6 +90,12 @@ pub struct BenchArgs {
     /// Data plane: length of one trial.
     #[arg(long, default_value = "1500ms", value_parser = humantime::parse_duration)]
     pub trial: Duration,
+    /// Data plane: the rulesets compared, comma-separated (each round interleaves them).
+    #[arg(long, value_delimiter = ',', default_value = "none,single-dnat,iptables,nftproxy")]
+    pub rulesets: Vec<dataplane::Ruleset>,
+    /// Data plane: pause between loading a ruleset and its trial.
+    #[arg(long, default_value = "0s", value_parser = humantime::parse_duration)]
+    pub settle: Duration,
 }
 
 impl BenchArgs {
@@ -110,6 +116,8 @@ impl BenchArgs {
             no_dataplane: self.no_dataplane,
             rounds: 1,
             trial: Duration::from_millis(300),
+            rulesets: self.rulesets.clone(),
+            settle: Duration::ZERO,
         }
     }
 }
@@ -132,7 +140,8 @@ pub fn run(args: &BenchArgs) -> Result<(), BenchError> {
     crate::lab::require_privileges()?;
     crate::lab::cleanup_stale();
     let args = args.effective();
-    let sizes = args.sizes.iter().map(|s| parse_size(s)).collect::<Result<Vec<_>, _>>()?;
+    let sizes =
+        args.sizes.iter().filter(|s| !s.trim().is_empty()).map(|s| parse_size(s)).collect::<Result<Vec<_>, _>>()?;
     let scratch = Scratch::new()?;
     println!("{}", machine());
     let mut results = Vec::new();
@@ -152,7 +161,16 @@ pub fn run(args: &BenchArgs) -> Result<(), BenchError> {
             let iptables = |state: &ClusterState, last: &crate::model::NamespacedName| {
                 upstream::iptables_restore(state, dataplane::NODE, dataplane::CLUSTER_CIDR, last)
             };
-            rows.extend(dataplane::compare(services, &iptables, args.rounds, args.trial)?);
+            rows.extend(dataplane::compare(
+                services,
+                &iptables,
+                &dataplane::Trials {
+                    rulesets: &args.rulesets,
+                    rounds: args.rounds,
+                    trial: args.trial,
+                    settle: args.settle,
+                },
+            )?);
         }
         print!("{}", dataplane_table(&rows));
         if args.quick {

@@ -69,7 +69,7 @@ fn has(report: &Report, severity: Severity, kind: FindingKind, table: &str, chai
 #[test]
 fn our_chains_are_the_planners() {
     let ours = base_chains();
-    assert_eq!(ours.len(), 8);
+    assert_eq!(ours.len(), 4);
     let find = |name: &str| ours.iter().find(|(n, _)| n == name).map(|(_, b)| *b).unwrap();
     assert_eq!(find("nat-prerouting"), BaseHook { chain_type: ChainType::Nat, hook: Hook::Prerouting, priority: -100 });
     assert_eq!(find("nat-output"), BaseHook { chain_type: ChainType::Nat, hook: Hook::Output, priority: -100 });
@@ -77,8 +77,10 @@ fn our_chains_are_the_planners() {
         find("nat-postrouting"),
         BaseHook { chain_type: ChainType::Nat, hook: Hook::Postrouting, priority: 100 }
     );
-    assert_eq!(find("filter-prerouting-pre-dnat").priority, -110);
-    assert_eq!(find("filter-forward"), BaseHook { chain_type: ChainType::Filter, hook: Hook::Forward, priority: 0 });
+    assert_eq!(find("filter-input"), BaseHook { chain_type: ChainType::Filter, hook: Hook::Input, priority: 0 });
+    // The checks upstream runs in filter chains at prerouting, forward and output are in the nat
+    // chains: nothing of ours runs on every forwarded packet.
+    assert!(ours.iter().all(|(_, b)| b.hook != Hook::Forward), "{ours:?}");
 }
 
 #[test]
@@ -182,11 +184,7 @@ fn docker_is_recognised_in_nat_and_filter_with_its_forward_drop() {
         report.findings.iter().find(|f| f.kind == FindingKind::Docker && f.table == "ip filter").unwrap();
     assert!(docker_filter.remedy.contains("DOCKER-USER"), "{}", docker_filter.remedy);
     let drop = report.findings.iter().find(|f| f.kind == FindingKind::PolicyDrop).unwrap();
-    assert!(
-        drop.effect.contains("after nftproxy's filter-forward (0)") || drop.effect.contains("before"),
-        "{}",
-        drop.effect
-    );
+    assert!(drop.effect.contains("after DNAT"), "{}", drop.effect);
     assert_eq!(drop.hook.as_deref(), Some("forward"));
     assert_eq!(drop.priority, Some(0));
 }
@@ -203,7 +201,7 @@ fn firewalld_and_an_empty_drop_chain() {
     // No rules and policy drop: everything forwarded is dropped.
     assert!(has(&report, Severity::Conflict, FindingKind::PolicyDrop, "inet firewalld", Some("filter_FORWARD")));
     let f = report.findings.iter().find(|f| f.kind == FindingKind::PolicyDrop).unwrap();
-    assert!(f.effect.contains("It runs after nftproxy's filter-forward (0)."), "{}", f.effect);
+    assert!(!f.effect.contains("It runs"), "no chain of ours on forward: {}", f.effect);
     assert!(f.effect.contains("after DNAT, addressed to the endpoints"), "{}", f.effect);
 
     // A drop chain early in prerouting sees the service addresses.
@@ -211,11 +209,7 @@ fn firewalld_and_an_empty_drop_chain() {
     let report = run(&[ours(TableFamily::Ip), early]);
     let f = report.findings.iter().find(|f| f.kind == FindingKind::PolicyDrop).unwrap();
     assert_eq!(f.severity, Severity::Warning);
-    assert!(
-        f.effect.contains("It runs before nftproxy's filter-prerouting-pre-dnat (-110), nat-prerouting (-100)."),
-        "{}",
-        f.effect
-    );
+    assert!(f.effect.contains("It runs before nftproxy's nat-prerouting (-100)."), "{}", f.effect);
     assert!(f.effect.contains("before DNAT, addressed to ClusterIPs"), "{}", f.effect);
     assert_eq!(report.exit_code(), 1);
 }
@@ -288,7 +282,7 @@ fn changes_to_nftproxys_base_chains_are_named() {
             if c.name == "nat-prerouting" {
                 b.priority = -50;
             }
-            if c.name == "filter-forward" {
+            if c.name == "filter-input" {
                 b.policy = ChainPolicy::Drop;
             }
         }
@@ -300,7 +294,7 @@ fn changes_to_nftproxys_base_chains_are_named() {
     for part in [
         "base chain nat-output is missing",
         "nat-prerouting is nat prerouting priority -50, not nat prerouting priority -100",
-        "filter-forward has policy drop",
+        "filter-input has policy drop",
         "sneaky is a base chain nftproxy did not create",
     ] {
         assert!(f.summary.contains(part), "{part:?} in {}", f.summary);
@@ -355,11 +349,14 @@ fn the_text_report_says_where_what_and_what_to_do() {
 
     // The hook overview: inet chains run for both families, in priority order with ours.
     let forward: Vec<&HookRow> = report.hooks.iter().filter(|r| r.point == "IPv4 forward").collect();
-    assert_eq!(forward.iter().map(|r| r.chain.as_str()).collect::<Vec<_>>(), ["filter-forward", "filter_FORWARD"]);
-    assert!(forward[0].ours && !forward[1].ours);
+    assert_eq!(forward.iter().map(|r| r.chain.as_str()).collect::<Vec<_>>(), ["filter_FORWARD"]);
+    assert!(!forward[0].ours);
     assert!(report.hooks.iter().any(|r| r.point == "IPv6 forward" && r.chain == "filter_FORWARD"));
+    let prerouting: Vec<&HookRow> = report.hooks.iter().filter(|r| r.point == "IPv4 prerouting").collect();
+    assert_eq!(prerouting.iter().map(|r| r.chain.as_str()).collect::<Vec<_>>(), ["nat-prerouting"]);
+    assert!(prerouting[0].ours);
     assert!(
-        text.contains("  IPv4 forward\n         0  filter  accept     1 rule  ip nftproxy filter-forward *\n"),
+        text.contains("  IPv4 prerouting\n      -100  nat     accept     1 rule  ip nftproxy nat-prerouting *\n"),
         "{text}"
     );
 

@@ -311,6 +311,8 @@ pub enum Stmt {
     CtStatusDnat,
     /// `fib daddr type local`
     FibLocal(FibAddr),
+    /// `fib daddr type != local`
+    FibNotLocal(FibAddr),
     /// `ip daddr @cluster-ips`, `ip saddr != @set`, `ip saddr . ip daddr @set`.
     Lookup { key: Vec<Selector>, set: String, negate: bool },
     /// `ip daddr . meta l4proto . th dport vmap @service-ips`

@@ -128,13 +128,14 @@ fn lower_stmt(stmt: &Stmt, out: &mut Vec<LowExpr>) {
         }
         Stmt::CtStateNew => lower_ct_bits(CT_STATE, CT_STATE_NEW, out),
         Stmt::CtStatusDnat => lower_ct_bits(CT_STATUS, CT_STATUS_DNAT, out),
-        Stmt::FibLocal(addr) => {
+        Stmt::FibLocal(addr) | Stmt::FibNotLocal(addr) => {
             let flags = match addr {
                 FibAddr::Saddr => FIB_F_SADDR,
                 FibAddr::Daddr => FIB_F_DADDR,
             };
+            let op = if matches!(stmt, Stmt::FibLocal(_)) { CMP_EQ } else { CMP_NEQ };
             out.push(LowExpr::Fib { dreg: REG_1, result: FIB_RESULT_ADDRTYPE, flags });
-            out.push(LowExpr::Cmp { sreg: REG_1, op: CMP_EQ, data: RTN_LOCAL.to_ne_bytes().to_vec() });
+            out.push(LowExpr::Cmp { sreg: REG_1, op, data: RTN_LOCAL.to_ne_bytes().to_vec() });
         }
         Stmt::Lookup { key, set, negate } => {
             let sreg = load_concat(key, out);

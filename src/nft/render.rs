@@ -284,6 +284,8 @@ impl Display for Stmt {
             Stmt::CtStatusDnat => f.write_str("ct status dnat"),
             Stmt::FibLocal(FibAddr::Saddr) => f.write_str("fib saddr type local"),
             Stmt::FibLocal(FibAddr::Daddr) => f.write_str("fib daddr type local"),
+            Stmt::FibNotLocal(FibAddr::Saddr) => f.write_str("fib saddr type != local"),
+            Stmt::FibNotLocal(FibAddr::Daddr) => f.write_str("fib daddr type != local"),
             Stmt::Lookup { key, set, negate } => {
                 let op = if *negate { "!= " } else { "" };
                 write!(f, "{} {op}@{set}", concat_selectors(key))

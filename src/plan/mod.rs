@@ -13,6 +13,9 @@
 //!   instead of a rule per endpoint;
 //! - masquerading ClusterIP traffic from outside the cluster is one rule in `services` instead
 //!   of one per service.
+//! - the new-connection checks upstream makes in filter chains at prerouting, forward and output
+//!   (firewall, no endpoints, unserved ClusterIP ports) are made in the nat chains, which run
+//!   once per connection, so later packets pass no chain of ours.
 
 pub mod endpoints;
 pub mod names;
@@ -406,31 +409,43 @@ fn infrastructure(family: IpFamily, input: &PlanInput<'_>) -> Table {
         t.add_set(set);
     }
 
+    // Upstream checks new connections in filter chains at four more hooks (firewall-check at
+    // prerouting/output -110, service-endpoints-check and cluster-ips-check at forward/output 0),
+    // which every packet of every connection then passes: a base chain costs a hook call and a
+    // `ct state` test per packet. The nat chains below run once per connection (the first packet
+    // of a conntrack entry, which is the packet `ct state new` picks out), so the same checks
+    // there cost nothing on the packets after it. In order: the firewall drops before DNAT, as
+    // at -110; what `services` DNATs (a terminal verdict) never reaches the rules after it, as
+    // the forward/output checks never matched it (they see the endpoint address); the rest are
+    // the service addresses without endpoints and the ClusterIP ports nothing serves, rejected
+    // (Linux ≥ 5.9 allows reject in prerouting). Upstream checks ClusterIPs only in forward and
+    // output, not input: hence `fib daddr type != local` (looked at only for ClusterIPs).
+    // `filter-input` keeps upstream's checks for the node's own addresses.
     let base = |name: &str, chain_type, hook, priority| Chain::base(name, BaseHook { chain_type, hook, priority });
     let new = || Stmt::CtStateNew;
-    let mut c = base("filter-prerouting-pre-dnat", ChainType::Filter, Hook::Prerouting, -110);
-    c.push(Rule::new(vec![new(), jump(FIREWALL_CHECK)]));
-    t.add_chain(c);
-    let mut c = base("filter-output-pre-dnat", ChainType::Filter, Hook::Output, -110);
-    c.push(Rule::new(vec![new(), jump(FIREWALL_CHECK)]));
-    t.add_chain(c);
-    let mut c = base("filter-forward", ChainType::Filter, Hook::Forward, 0);
-    c.push(Rule::new(vec![new(), jump(SERVICE_ENDPOINTS_CHECK)]));
-    c.push(Rule::new(vec![new(), jump(CLUSTER_IPS_CHECK)]));
-    t.add_chain(c);
     let mut c = base("filter-input", ChainType::Filter, Hook::Input, 0);
     c.push(Rule::new(vec![new(), jump(NODEPORT_ENDPOINTS_CHECK)]));
     c.push(Rule::new(vec![new(), jump(SERVICE_ENDPOINTS_CHECK)]));
     t.add_chain(c);
-    let mut c = base("filter-output", ChainType::Filter, Hook::Output, 0);
-    c.push(Rule::new(vec![new(), jump(SERVICE_ENDPOINTS_CHECK)]));
-    c.push(Rule::new(vec![new(), jump(CLUSTER_IPS_CHECK)]));
-    t.add_chain(c);
     let mut c = base("nat-prerouting", ChainType::Nat, Hook::Prerouting, -100);
+    c.push(Rule::new(vec![new(), jump(FIREWALL_CHECK)]));
     c.push(Rule::new(vec![jump(SERVICES)]));
+    c.push(Rule::new(vec![new(), jump(SERVICE_ENDPOINTS_CHECK)]));
+    c.push(
+        Rule::new(vec![
+            new(),
+            lookup(Selector::Daddr(family), CLUSTER_IPS),
+            Stmt::FibNotLocal(FibAddr::Daddr),
+            Stmt::Reject(family),
+        ])
+        .with_comment("Reject forwarded traffic to invalid ports of ClusterIPs"),
+    );
     t.add_chain(c);
     let mut c = base("nat-output", ChainType::Nat, Hook::Output, -100);
+    c.push(Rule::new(vec![new(), jump(FIREWALL_CHECK)]));
     c.push(Rule::new(vec![jump(SERVICES)]));
+    c.push(Rule::new(vec![new(), jump(SERVICE_ENDPOINTS_CHECK)]));
+    c.push(Rule::new(vec![new(), jump(CLUSTER_IPS_CHECK)]));
     t.add_chain(c);
     let mut c = base("nat-postrouting", ChainType::Nat, Hook::Postrouting, 100);
     c.push(Rule::new(vec![jump(MASQUERADING)]));
@@ -488,8 +503,9 @@ fn infrastructure(family: IpFamily, input: &PlanInput<'_>) -> Table {
     let masq = if cfg.masquerade_all {
         Some(Rule::new(vec![lookup(Selector::Daddr(family), CLUSTER_IPS), jump(MARK_FOR_MASQUERADE)]))
     } else {
+        // The source test first: pod traffic, most of what arrives, then needs no set lookup.
         local_match(family, input, true).map(|not_local| {
-            Rule::new(vec![lookup(Selector::Daddr(family), CLUSTER_IPS), not_local, jump(MARK_FOR_MASQUERADE)])
+            Rule::new(vec![not_local, lookup(Selector::Daddr(family), CLUSTER_IPS), jump(MARK_FOR_MASQUERADE)])
         })
     };
     if let Some(rule) = masq {
