@@ -103,6 +103,47 @@ pub struct ConnStats {
     pub p50: Duration,
     /// 99th percentile of the same.
     pub p99: Duration,
+    /// The median over rounds of this ruleset's rate relative to the single DNAT rule's in the
+    /// same round, in percent (−2.0: 2% fewer connections per second); robust against a round
+    /// that a noisy neighbour slowed down. `None` without single-DNAT trials.
+    pub rate_vs_floor: Option<f64>,
+    /// The same for the p99 connect latency (+5.0: 5% slower).
+    pub p99_vs_floor: Option<f64>,
+}
+
+/// The order of the rulesets in round `round`: a balanced Latin square (Williams design), so
+/// over every `n` rounds (`2n` for odd `n`) each ruleset runs in each position once and follows
+/// each other ruleset once. The kernel frees a removed ruleset in the background (tens of
+/// thousands of iptables rules at 10,000 services), which slows whatever runs next: with a
+/// plain rotation one ruleset would always follow the same, heaviest one.
+pub fn round_order(n: usize, round: usize) -> Vec<usize> {
+    if n == 0 {
+        return Vec::new();
+    }
+    let first = round % n;
+    // 0, 1, n−1, 2, n−2, … shifted by the row.
+    let mut row: Vec<usize> = (0..n)
+        .map(|k| {
+            let step = if k % 2 == 1 { k.div_ceil(2) } else { n - k / 2 };
+            (first + step % n) % n
+        })
+        .collect();
+    // Odd n needs the mirrored square as well to balance predecessors.
+    if n % 2 == 1 && (round / n) % 2 == 1 {
+        row.reverse();
+    }
+    row
+}
+
+/// The median of some values (`None` for none).
+fn median(mut values: Vec<f64>) -> Option<f64> {
+    values.sort_by(f64::total_cmp);
+    let n = values.len();
+    match n {
+        0 => None,
+        _ if n % 2 == 1 => Some(values[n / 2]),
+        _ => Some((values[n / 2 - 1] + values[n / 2]) / 2.0),
+    }
 }
 
 /// Why a data-plane comparison stopped.
@@ -203,7 +244,7 @@ pub struct Trials<'a> {
 /// One data-plane comparison at `services` other services; `iptables_text` is the iptables-restore
 /// input for the same cluster (target last). Creates and removes its own namespaces.
 ///
-/// Each round runs one trial per ruleset (the rulesets rotated by the round number); between
+/// Each round runs one trial per ruleset (in the order of [`round_order`]); between
 /// trials the node's ruleset and conntrack table are flushed. Each trial is also reported on
 /// stderr, so the spread of rounds can be read. The result has one entry per ruleset, in
 /// [`Ruleset::ALL`] order. Callers with kube-proxy's generator pass e.g.
@@ -244,11 +285,11 @@ pub fn compare(
     let _server = Server::start(pod, POD_PORT)?;
 
     let mut totals: BTreeMap<Ruleset, Totals> = BTreeMap::new();
+    let mut rounds: Vec<BTreeMap<Ruleset, ConnStats>> = Vec::new();
     for round in 0..trials.rounds {
-        // Each round starts one ruleset later, so none always runs first (after the server sat
-        // idle) or last.
-        for k in 0..order.len() {
-            let ruleset = order[(round + k) % order.len()];
+        let mut this_round = BTreeMap::new();
+        for k in round_order(order.len(), round) {
+            let ruleset = order[k];
             clear(node)?;
             let target_addr = match ruleset {
                 Ruleset::None => pod_addr,
@@ -281,12 +322,28 @@ pub fn compare(
                 s.p99.as_secs_f64() * 1e6,
                 s.failures
             );
+            this_round.insert(ruleset, s);
             totals.entry(ruleset).or_default().add(result);
         }
+        rounds.push(this_round);
     }
     clear(node)?;
 
-    Ok(rulesets.iter().map(|r| totals.remove(r).unwrap_or_default().stats(*r, services)).collect())
+    let relative = |ruleset: Ruleset, value: fn(&ConnStats) -> f64| {
+        let ratios = rounds.iter().filter_map(|round| {
+            let (this, floor) = (round.get(&ruleset)?, round.get(&Ruleset::SingleDnat)?);
+            (value(floor) > 0.0).then(|| 100.0 * (value(this) / value(floor) - 1.0))
+        });
+        median(ratios.collect())
+    };
+    Ok(rulesets
+        .iter()
+        .map(|r| ConnStats {
+            rate_vs_floor: relative(*r, |s| s.per_second),
+            p99_vs_floor: relative(*r, |s| s.p99.as_secs_f64()),
+            ..totals.remove(r).unwrap_or_default().stats(*r, services)
+        })
+        .collect())
 }
 
 fn apply_error(ruleset: Ruleset, node: &Netns, detail: String) -> DataPlaneError {
@@ -387,6 +444,8 @@ impl Totals {
             per_second: if secs > 0.0 { n as f64 / secs } else { 0.0 },
             p50: pct(50),
             p99: pct(99),
+            rate_vs_floor: None,
+            p99_vs_floor: None,
         }
     }
 }
@@ -493,6 +552,39 @@ impl Drop for Server {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn round_orders_balance_positions_and_predecessors() {
+        for n in 1..=5 {
+            let rows = if n % 2 == 1 { 2 * n } else { n };
+            let orders: Vec<Vec<usize>> = (0..rows).map(|r| round_order(n, r)).collect();
+            let mut followed = std::collections::BTreeMap::new();
+            for order in &orders {
+                let mut sorted = order.clone();
+                sorted.sort_unstable();
+                assert_eq!(sorted, (0..n).collect::<Vec<_>>(), "n={n}: each ruleset once a round: {order:?}");
+                for pair in order.windows(2) {
+                    *followed.entry((pair[0], pair[1])).or_insert(0) += 1;
+                }
+            }
+            for position in 0..n {
+                let at: std::collections::BTreeSet<usize> = orders.iter().map(|o| o[position]).collect();
+                assert_eq!(at.len(), n, "n={n}: every ruleset at position {position}: {orders:?}");
+            }
+            if n > 1 {
+                let per_pair = rows / n;
+                assert_eq!(followed.len(), n * (n - 1), "n={n}: every ordered pair: {orders:?}");
+                assert!(followed.values().all(|c| *c == per_pair), "n={n}: pairs equally often: {followed:?}");
+            }
+        }
+    }
+
+    #[test]
+    fn medians() {
+        assert_eq!(median(vec![]), None);
+        assert_eq!(median(vec![3.0, -30.0, 1.0]), Some(1.0));
+        assert_eq!(median(vec![4.0, 1.0, 2.0, 3.0]), Some(2.5));
+    }
 
     /// kube-proxy-shaped iptables-restore input for the target service only.
     fn tiny_iptables(state: &ClusterState, target: &NamespacedName) -> String {

@@ -528,17 +528,23 @@ fn summary_table(results: &[(Size, SizeResult)], args: &BenchArgs) -> String {
 fn dataplane_table(rows: &[dataplane::ConnStats]) -> String {
     let mut out = String::new();
     let _ = writeln!(out, "\n### Data plane: new TCP connections through one ClusterIP\n");
-    let _ = writeln!(out, "| other services | ruleset | conn/s | connect p50 | connect p99 | connections | failures |");
-    let _ = writeln!(out, "|---:|---|---:|---:|---:|---:|---:|");
+    let _ = writeln!(
+        out,
+        "| other services | ruleset | conn/s | connect p50 | connect p99 | conn/s vs single DNAT, median of rounds | p99 vs single DNAT, median of rounds | connections | failures |"
+    );
+    let _ = writeln!(out, "|---:|---|---:|---:|---:|---:|---:|---:|---:|");
+    let percent = |v: Option<f64>| v.map_or("-".to_string(), |v| format!("{v:+.1}%"));
     for r in rows {
         let _ = writeln!(
             out,
-            "| {} | {} | {:.0} | {:.0} µs | {:.0} µs | {} | {} |",
+            "| {} | {} | {:.0} | {:.0} µs | {:.0} µs | {} | {} | {} | {} |",
             r.services,
             r.ruleset,
             r.per_second,
             r.p50.as_secs_f64() * 1e6,
             r.p99.as_secs_f64() * 1e6,
+            percent(r.rate_vs_floor),
+            percent(r.p99_vs_floor),
             r.connections,
             r.failures
         );
