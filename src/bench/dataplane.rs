@@ -244,7 +244,8 @@ pub struct Trials<'a> {
 /// One data-plane comparison at `services` other services; `iptables_text` is the iptables-restore
 /// input for the same cluster (target last). Creates and removes its own namespaces.
 ///
-/// Each round runs one trial per ruleset (in the order of [`round_order`]); between
+/// Each round runs one trial per ruleset (in the order of [`round_order`]), each starting once
+/// the CPUs are idle ([`wait_until_idle`]); between
 /// trials the node's ruleset and conntrack table are flushed. Each trial is also reported on
 /// stderr, so the spread of rounds can be read. The result has one entry per ruleset, in
 /// [`Ruleset::ALL`] order. Callers with kube-proxy's generator pass e.g.
@@ -311,16 +312,18 @@ pub fn compare(
             if !trials.settle.is_zero() {
                 std::thread::sleep(trials.settle);
             }
+            let waited = wait_until_idle(IDLE_WAIT_MAX);
             let trial = trials.trial;
             let result = client.run(move || connect_loop(target_addr, trial))?;
             let result = result.map_err(|e| DataPlaneError::Client { ruleset, detail: e.to_string() })?;
             let s = Totals::of(&result).stats(ruleset, services);
             eprintln!(
-                "bench: data plane {services} services, round {round}, {ruleset:<11}: {:>6.0} conn/s, p50 {:.1} µs, p99 {:.1} µs, {} failures",
+                "bench: data plane {services} services, round {round}, {ruleset:<11}: {:>6.0} conn/s, p50 {:.1} µs, p99 {:.1} µs, {} failures (waited {} ms for idle CPUs)",
                 s.per_second,
                 s.p50.as_secs_f64() * 1e6,
                 s.p99.as_secs_f64() * 1e6,
-                s.failures
+                s.failures,
+                waited.as_millis()
             );
             this_round.insert(ruleset, s);
             totals.entry(ruleset).or_default().add(result);
@@ -357,6 +360,44 @@ fn clear(node: &Netns) -> Result<(), DataPlaneError> {
     node.exec("nft", &["flush", "ruleset"]).map_err(err)?;
     node.exec("conntrack", &["-F"]).map_err(err)?;
     Ok(())
+}
+
+/// The longest wait for idle CPUs before a trial.
+const IDLE_WAIT_MAX: Duration = Duration::from_secs(15);
+
+/// Waits until the CPUs have been idle (under 5% busy, stolen time counted as busy) for a
+/// quarter of a second, at most `max`, and returns how long it waited. The kernel frees a
+/// removed ruleset and grows its hash tables after a large commit in the background: at 10,000
+/// services that runs on into the next trial, whichever ruleset it measures.
+fn wait_until_idle(max: Duration) -> Duration {
+    let started = Instant::now();
+    let mut last = cpu_times();
+    while started.elapsed() < max {
+        std::thread::sleep(Duration::from_millis(250));
+        let now = cpu_times();
+        if let (Some((busy0, total0)), Some((busy1, total1))) = (last, now) {
+            let (busy, total) = (busy1.saturating_sub(busy0), total1.saturating_sub(total0));
+            if total > 0 && busy * 100 < total * 5 {
+                break;
+            }
+        }
+        last = now;
+    }
+    started.elapsed()
+}
+
+/// All CPUs' busy and total time from `/proc/stat`, in clock ticks.
+fn cpu_times() -> Option<(u64, u64)> {
+    let stat = std::fs::read_to_string("/proc/stat").ok()?;
+    let line = stat.lines().next()?.strip_prefix("cpu ")?;
+    // user nice system idle iowait irq softirq steal (guest time is inside user already)
+    let fields: Vec<u64> = line.split_whitespace().take(8).filter_map(|f| f.parse().ok()).collect();
+    if fields.len() < 8 {
+        return None;
+    }
+    let total: u64 = fields.iter().sum();
+    let idle = fields[3] + fields[4];
+    Some((total - idle, total))
 }
 
 /// Runs `program args` inside `ns` with `input` on its stdin.
@@ -453,6 +494,7 @@ impl Totals {
 /// Connects to `target` again and again for `duration` (after a short warm-up), closing each
 /// connection at once. Runs on a thread inside the client's namespace.
 fn connect_loop(target: SocketAddrV4, duration: Duration) -> std::io::Result<TrialResult> {
+    pin_to_cpu(CLIENT_CPU);
     let addr = SockaddrIn::from(target);
     for _ in 0..WARMUP_CONNECTIONS {
         let _ = connect_once(&addr)?;
@@ -472,6 +514,28 @@ fn connect_loop(target: SocketAddrV4, duration: Duration) -> std::io::Result<Tri
     }
     result.elapsed = started.elapsed();
     Ok(result)
+}
+
+/// The CPU the client's thread runs on. The connect path (the SYN through the node's rules to
+/// the pod and the SYN-ACK back) runs in softirq on the sending CPU; pinning the client and the
+/// server's accepting thread gives every trial the same placement, which the scheduler would
+/// otherwise choose anew each time. (Some trials still run ~30% slower, for any ruleset: noise
+/// from outside the VM, which the median of per-round ratios is there to absorb.)
+const CLIENT_CPU: usize = 0;
+
+/// The CPU the server's accepting thread runs on: the last one (the client's on a 1-CPU machine).
+fn server_cpu() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| n.get()).saturating_sub(1)
+}
+
+/// Pins the calling thread to one CPU (best effort: a benchmark on a machine that refuses still
+/// runs, only noisier).
+fn pin_to_cpu(cpu: usize) {
+    let mut set = nix::sched::CpuSet::new();
+    let pinned = set.set(cpu).and_then(|()| nix::sched::sched_setaffinity(nix::unistd::Pid::from_raw(0), &set));
+    if let Err(e) = pinned {
+        tracing::debug!(cpu, error = %e, "cannot pin the benchmark thread");
+    }
 }
 
 /// One blocking connect, timed. The outer error is a local socket problem (the trial cannot go
@@ -526,6 +590,7 @@ fn listen(port: u16) -> std::io::Result<TcpListener> {
 
 /// Accepts and drops connections until `stop`, which it looks at whenever accept times out.
 fn accept_loop(port: u16, stop: &AtomicBool, ready: &mpsc::Sender<Result<(), String>>) {
+    pin_to_cpu(server_cpu());
     let listener = match listen(port) {
         Ok(l) => l,
         Err(e) => {
