@@ -6,7 +6,8 @@
 //! start, every `--sync-period`, after any failure, and when the node, node-port addresses or
 //! families change) plans everything and diffs it with nftproxy's tables read back from the
 //! kernel, so anything that drifted (a flushed chain, a deleted element, a deleted table) is
-//! repaired in the same single transaction.
+//! repaired in the same single transaction; it is streamed into the batch one service at a
+//! time ([`full`]), so it never holds the desired ruleset or the transaction.
 
 mod full;
 pub mod programmed;

@@ -102,12 +102,6 @@ impl Programmed {
         }
     }
 
-    /// Records a service planned into `fragments` (which the caller merges into the ruleset).
-    pub fn insert(&mut self, name: NamespacedName, service: ProgrammedService, fragments: &[WireTable]) {
-        self.count_claims(&name, fragments, 1);
-        self.services.insert(name, service);
-    }
-
     /// Records a service of a full sync, where services arrive in name order, and removes from
     /// its fragments the shared keys an earlier claimant holds (the infrastructure, or a
     /// service before it): what is left is what this service writes into the shared sets, as
