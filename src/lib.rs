@@ -1,7 +1,7 @@
 //! nftproxy: a Kubernetes service proxy on nftables.
 //!
 //! Data flow of one sync: [`source`] objects → [`model::ClusterState`] → [`plan`] (a pure
-//! function) → desired [`nft::Ruleset`] → [`nft::lower`] → [`nft::diff`] against what the kernel
+//! function) → desired [`nft::Ruleset`] → [`nft::lower`] → [`nft::diff`](mod@nft::diff) against what the kernel
 //! holds → [`netlink`] applies one atomic transaction.
 
 pub mod bench;

@@ -245,7 +245,7 @@ pub struct Trials<'a> {
 /// input for the same cluster (target last). Creates and removes its own namespaces.
 ///
 /// Each round runs one trial per ruleset (in the order of [`round_order`]), each starting once
-/// the CPUs are idle ([`wait_until_idle`]); between
+/// the CPUs are idle (`wait_until_idle`); between
 /// trials the node's ruleset and conntrack table are flushed. Each trial is also reported on
 /// stderr, so the spread of rounds can be read. The result has one entry per ruleset, in
 /// [`Ruleset::ALL`] order. Callers with kube-proxy's generator pass e.g.

@@ -3,7 +3,7 @@
 //! - [`ast`]: the desired ruleset (what `plan` builds), printable as nft text by [`render`];
 //! - [`wire`]: the same objects as the kernel holds them, produced by [`lower`] and by the
 //!   netlink read-back;
-//! - [`diff`]: two wire rulesets → one ordered [`diff::Transaction`];
+//! - [`diff`](mod@diff): two wire rulesets → one ordered [`diff::Transaction`];
 //! - [`canonical`]: a normal form of nft text, to compare our rendering with `nft list ruleset`.
 
 pub mod ast;

@@ -7,7 +7,7 @@
 //! families change) plans everything and diffs it with nftproxy's tables read back from the
 //! kernel, so anything that drifted (a flushed chain, a deleted element, a deleted table) is
 //! repaired in the same single transaction; it is streamed into the batch one service at a
-//! time ([`full`]), so it never holds the desired ruleset or the transaction.
+//! time (`full.rs`), so it never holds the desired ruleset or the transaction.
 
 mod full;
 pub mod programmed;
