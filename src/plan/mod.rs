@@ -21,7 +21,6 @@ pub mod endpoints;
 pub mod names;
 pub mod slots;
 
-use indexmap::IndexMap;
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
 
@@ -237,9 +236,21 @@ pub fn plan_service(
 /// gain the fragment's elements; where two services claim the same key (conflicting input),
 /// the element merged first stays, so the result depends only on the services' order.
 pub fn merge(table: &mut Table, fragment: Table) {
-    crate::nft::merge_first_claim(&mut table.sets, &mut table.chains, fragment.sets, fragment.chains, |s| {
-        &mut s.elements
-    });
+    for (name, set) in fragment.sets {
+        match table.sets.get_mut(&name) {
+            Some(have) => {
+                for (key, element) in set.elements {
+                    have.elements.entry(key).or_insert(element);
+                }
+            }
+            None => {
+                table.sets.insert(name, set);
+            }
+        }
+    }
+    for (name, chain) in fragment.chains {
+        table.chains.entry(name).or_insert(chain);
+    }
 }
 
 /// Where a set goes in the table: shared sets first, then the endpoint maps in shard order,
@@ -255,12 +266,8 @@ pub fn set_rank(name: &str, infrastructure: bool) -> (u8, Option<(MapKind, u32)>
 
 /// Orders a merged table's sets by [`set_rank`] (a stable sort: planning order otherwise).
 pub fn order_sets(table: &mut Table) {
-    order_sets_by(&mut table.sets, |s| s.owner.is_infrastructure());
-}
-
-/// Orders sets by [`set_rank`] (in either form of a table; `infrastructure` tells a set's owner).
-pub fn order_sets_by<S>(sets: &mut IndexMap<String, S>, infrastructure: impl Fn(&S) -> bool) {
-    sets.sort_by(|a, x, b, y| set_rank(a, infrastructure(x)).cmp(&set_rank(b, infrastructure(y))));
+    let rank = |name: &str, set: &crate::nft::ast::Set| set_rank(name, set.owner.is_infrastructure());
+    table.sets.sort_by(|a, x, b, y| rank(a, x).cmp(&rank(b, y)));
 }
 
 /// The health check of a Local-policy LoadBalancer service: the number of distinct local ready
