@@ -634,6 +634,7 @@ impl Reconciler {
                 match streamed {
                     Ok((None, _, reason)) => {
                         warn!(reason = %reason.unwrap_or_default(), "a full sync rebuilds nftproxy's tables (in one transaction)");
+                        // Once: a rebuild claims nothing from the kernel, so it cannot stop.
                         rebuild = true;
                         continue;
                     }
