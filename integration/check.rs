@@ -2,15 +2,13 @@
 //! with `nft -f` (a leftover kube-proxy, firewalld, iptables-nft tables with Docker's and
 //! kube-proxy's chains) beside the tables `nftproxy sync` creates.
 
-mod common;
-
 use std::process::Output;
 
-use common::skip_unless_privileged;
-use nftproxy::lab::Netns;
+use crate::common::skip_unless_privileged;
 use nftproxy::net::IpFamily;
 use nftproxy::netlink::{Kernel, Netfilter};
 use nftproxy::nft::{Op, OpKind, Owner, Transaction};
+use nftproxy_tools::lab::Netns;
 
 const MANIFESTS: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/examples/cluster.yaml");
 

@@ -1,17 +1,15 @@
 //! ClusterIP services with real packets in network namespaces (see `common` for the lab).
 
-mod common;
-
 use std::time::{Duration, Instant};
 
-use common::*;
+use crate::common::*;
 use nftproxy::net::L4Proto;
 use nftproxy::nft::canonical::canonicalize;
 
 const WEB_TCP: &str = "10.96.0.10:80";
 const WEB_UDP: &str = "10.96.0.10:53";
 
-fn assert_fair(t: &nftproxy::lab::traffic::Tally, backends: &[&str], what: &str) {
+fn assert_fair(t: &nftproxy_tools::lab::traffic::Tally, backends: &[&str], what: &str) {
     assert_eq!(t.failed(), 0, "{what}: failures {:?}", t.errors);
     let total = t.answered();
     for b in backends {

@@ -1,21 +1,19 @@
 //! NodePort, LoadBalancer and ExternalIP traffic with real packets: who answers, and which
 //! source address the backend sees.
 
-mod common;
-
 use std::collections::BTreeSet;
 use std::time::Duration;
 
-use common::*;
+use crate::common::*;
 use nftproxy::net::L4Proto;
 
 const NODE: &str = "192.168.50.2";
 
-fn backends(t: &nftproxy::lab::traffic::Tally) -> BTreeSet<String> {
+fn backends(t: &nftproxy_tools::lab::traffic::Tally) -> BTreeSet<String> {
     t.by_backend.keys().cloned().collect()
 }
 
-fn sources(t: &nftproxy::lab::traffic::Tally) -> BTreeSet<String> {
+fn sources(t: &nftproxy_tools::lab::traffic::Tally) -> BTreeSet<String> {
     t.sources.keys().map(|s| s.to_string()).collect()
 }
 
@@ -24,7 +22,7 @@ fn set(items: &[&str]) -> BTreeSet<String> {
 }
 
 /// The addresses node1 masquerades to: its bridge (local pods) or its wan address (node2).
-fn masqueraded(t: &nftproxy::lab::traffic::Tally) -> bool {
+fn masqueraded(t: &nftproxy_tools::lab::traffic::Tally) -> bool {
     sources(t).iter().all(|s| s == "10.244.1.1" || s == NODE)
 }
 
@@ -234,6 +232,9 @@ fn health_check_node_port_follows_local_endpoints() {
     };
     write(&[WEB_1, WEB_2, WEB_3]);
     let _proxy = lab.run_proxy(&dir, &[]);
+    // The health-check server opens after the sync that planned it.
+    let serving = lab.eventually(Duration::from_secs(3), || lab.http_get("client", "192.168.50.2:30999", "/").is_ok());
+    assert!(serving, "health-check server never answered:\n{}", lab.proxy_log());
     let (status, body) = lab.http_get("client", "192.168.50.2:30999", "/").unwrap();
     assert_eq!(status, 200, "{body}");
     let json: serde_json::Value = serde_json::from_str(&body).unwrap();

@@ -19,8 +19,6 @@
 //! fixed in `model::convert` and kept as deterministic tests in `src/source/tests.rs` and in the
 //! corpus here.
 
-mod common;
-
 use std::collections::HashSet;
 use std::fmt::Write as _;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
@@ -30,14 +28,14 @@ use proptest::prelude::*;
 use proptest::test_runner::{Config, TestCaseError, TestRunner};
 
 use nftproxy::config::{DetectLocal, ProxyConfig, parse_cidrs};
-use nftproxy::lab::Netns;
 use nftproxy::model::{ClusterState, NamespacedName};
 use nftproxy::net::IpFamily;
 use nftproxy::netlink::{FakeNetfilter, Netfilter};
 use nftproxy::nft::lower::lower_ruleset;
-use nftproxy::nft::{ElementData, Ruleset, Value, Verdict, WireRuleset, diff};
-use nftproxy::plan::{NodePorts, PlanInput, plan, slots::SlotTable};
+use nftproxy::nft::{ElementData, Ruleset, Value, WireRuleset, diff};
+use nftproxy::plan::{NodePorts, PlanInput, plan};
 use nftproxy::source::{manifests, state_from_manifests};
+use nftproxy_tools::lab::Netns;
 
 /// The node the plans are for.
 const NODE: &str = "node1";
@@ -764,10 +762,7 @@ fn pipeline(settings: &Settings, text: &str) -> (ClusterState, Ruleset, Vec<Stri
     let config = config(settings);
     let v4 = nodeports(&state, IpFamily::V4, settings.match_all_nodeports);
     let v6 = nodeports(&state, IpFamily::V6, settings.match_all_nodeports);
-    let planned = plan(
-        &PlanInput { config: &config, state: &state, nodeports_v4: &v4, nodeports_v6: &v6 },
-        &mut SlotTable::new(),
-    );
+    let planned = plan(&PlanInput { config: &config, state: &state, nodeports_v4: &v4, nodeports_v6: &v6 });
     (state, planned.ruleset, messages)
 }
 
@@ -846,18 +841,24 @@ fn check_sentinel(ruleset: &Ruleset) -> Result<(), TestCaseError> {
         Value::Proto(nftproxy::net::L4Proto::Tcp),
         Value::Port(7777),
     ];
-    let element = table.sets.get("service-ips").and_then(|s| s.elements.get(&key));
-    let chain = match element.map(|e| &e.data) {
-        Some(ElementData::Verdict(Verdict::Goto(chain))) => chain.clone(),
-        other => return Err(TestCaseError::fail(format!("sentinel ClusterIP element: {other:?}"))),
+    let owned_by_sentinel = |set: &str, key: &Vec<Value>| {
+        table
+            .sets
+            .get(set)
+            .and_then(|s| s.elements.get(key))
+            .is_some_and(|e| e.owner.to_string().starts_with(&sentinel))
     };
-    prop_assert!(chain.starts_with("service-") && chain.contains("guard/sentinel/tcp/http"), "{chain}");
-    let np = table
-        .sets
-        .get("service-nodeports")
-        .and_then(|s| s.elements.get(&vec![Value::Proto(nftproxy::net::L4Proto::Tcp), Value::Port(31777)]));
-    prop_assert!(np.is_some_and(|e| e.owner.to_string().starts_with(&sentinel)), "sentinel NodePort: {np:?}");
-    prop_assert!(table.chains.contains_key(&chain), "sentinel chain {chain} missing");
+    prop_assert!(owned_by_sentinel("balanced-service-ips", &key), "sentinel ClusterIP is not balanced");
+    let np = vec![Value::Proto(nftproxy::net::L4Proto::Tcp), Value::Port(31777)];
+    prop_assert!(owned_by_sentinel("balanced-nodeports", &np), "sentinel NodePort is not balanced");
+    for (map, key) in [("service-endpoints-2", key), ("nodeport-endpoints-2", np)] {
+        for i in 0..2 {
+            let mut indexed = key.clone();
+            indexed.push(Value::Index(i));
+            prop_assert!(owned_by_sentinel(map, &indexed), "sentinel endpoint {i} missing in {map}");
+        }
+    }
+    // Its two endpoints, for the ClusterIP and the NodePort.
     let endpoints: usize = table
         .sets
         .values()
@@ -865,7 +866,7 @@ fn check_sentinel(ruleset: &Ruleset) -> Result<(), TestCaseError> {
         .filter(|e| e.owner.to_string() == format!("{sentinel}:http"))
         .filter(|e| matches!(&e.data, ElementData::Values(v) if matches!(v.first(), Some(Value::Addr(IpAddr::V4(a))) if a.octets()[..3] == [198, 51, 100])))
         .count();
-    prop_assert_eq!(endpoints, 2, "sentinel endpoints");
+    prop_assert_eq!(endpoints, 4, "sentinel endpoints");
     Ok(())
 }
 
@@ -928,10 +929,10 @@ fn nft_check(ns: &Netns, ruleset: &str) -> Result<(), String> {
 
 #[test]
 fn random_manifests_render_what_the_kernel_accepts() {
-    if common::skip_unless_privileged() {
+    if crate::common::skip_unless_privileged() {
         return;
     }
-    nftproxy::lab::cleanup_stale();
+    nftproxy_tools::lab::cleanup_stale();
     // nft -c talks to the kernel: only ever inside a namespace of our own.
     let ns = Netns::create("fuzz").expect("network namespace");
     let mut runner = TestRunner::new(runner_config(64));
@@ -1023,7 +1024,7 @@ fn the_hostile_corpus_renders_what_the_kernel_accepts() {
     assert_eq!(state.service_count(), 3, "{problems:#?}");
     check_state(&state).unwrap();
     check_limits(&ruleset).unwrap();
-    if common::skip_unless_privileged() {
+    if crate::common::skip_unless_privileged() {
         return;
     }
     let ns = Netns::create("fuzz").expect("network namespace");

@@ -3,12 +3,10 @@
 //! forces a relist that catches up on missed changes, dropped connections reconnect, and the
 //! rules survive the API server going away.
 
-mod common;
-
 use std::time::Duration;
 
-use common::apiserver::{FakeApi, objects};
-use common::*;
+use crate::common::apiserver::{FakeApi, objects};
+use crate::common::*;
 use nftproxy::net::L4Proto;
 use serde_json::Value;
 

@@ -4,20 +4,16 @@
 
 use std::net::IpAddr;
 
-use nftproxy::lab::{self, Netns};
+use crate::common::Proxy;
 use nftproxy::net::{IpFamily, L4Proto};
 use nftproxy::netlink::{Kernel, Netfilter};
 use nftproxy::nft::canonical::canonicalize;
 use nftproxy::nft::lower::lower_ruleset;
 use nftproxy::nft::*;
+use nftproxy::sync::SyncReason;
+use nftproxy_tools::lab::Netns;
 
-fn skip_unless_privileged() -> bool {
-    if let Err(e) = lab::require_privileges() {
-        eprintln!("SKIPPED: {e}");
-        return true;
-    }
-    false
-}
+use crate::common::skip_unless_privileged;
 
 fn ip(s: &str) -> IpAddr {
     s.parse().unwrap()
@@ -38,7 +34,7 @@ fn every_shape(family: IpFamily) -> Table {
         }
     };
     let infra = Owner::infrastructure;
-    let own = Owner::new("ns1/svc1:p80");
+    let own = Owner::from_comment(&"ns1/svc1:p80");
     let mut t = Table::new(family, "nftproxy", Some("rules for nftproxy"));
 
     let mut cluster_ips =
@@ -259,12 +255,6 @@ fn every_shape_round_trips_through_the_kernel() {
     assert_eq!(canonicalize(&nft_list(&other)), canonicalize(&rendered));
 }
 
-fn state_from(yaml: &str, hostname: &str) -> nftproxy::model::ClusterState {
-    let mut m = nftproxy::source::manifests::Manifests::default();
-    nftproxy::source::manifests::load_text(std::path::Path::new("test.yaml"), yaml, &mut m);
-    nftproxy::source::state_from_manifests(&m, hostname).0
-}
-
 /// Service default/web (TCP http and UDP echo-udp, three endpoints) and one without endpoints.
 const PARTIAL_CLUSTER: &str = r#"
 apiVersion: v1
@@ -317,42 +307,31 @@ fn one_endpoint_change_sends_only_what_changed() {
     let ns = Netns::create("partial").unwrap();
     let mut config = nftproxy::config::ProxyConfig::new("node1");
     config.cluster_cidrs = nftproxy::config::parse_cidrs("x", "10.244.0.0/16").unwrap();
+    // What `nftproxy sync` does: a one-shot full sync that leaves the tables unowned.
+    config.table_ownership = false;
     let yaml = PARTIAL_CLUSTER;
     let changed = yaml.replace("10.244.2.10", "10.244.2.11");
-    let (before, after) = (state_from(yaml, "node1"), state_from(&changed, "node1"));
-    let first = ns
-        .run(|| {
-            let mut k = Kernel::open().unwrap();
-            nftproxy::reconcile::sync_with_kernel(&mut k, &config, |slots| {
-                nftproxy::cli::plan_for(&config, &before, slots)
-            })
-            .unwrap()
-            .1
-        })
-        .unwrap();
+    let one_shot = |yaml: &str| {
+        let mut p = Proxy::new(config.clone(), Kernel::open().unwrap());
+        p.load(yaml);
+        let report = p.sync(SyncReason::Startup, true).unwrap().report;
+        (report, p.last_transaction(), p.render())
+    };
+    let (first, _, _) = ns.run(|| one_shot(yaml)).unwrap();
     assert!(first.apply.messages > 40);
     let listing_before = String::from_utf8(ns.exec("nft", &["-a", "list", "ruleset"]).unwrap().stdout).unwrap();
 
     // Planning reads the node's addresses, so it runs inside the namespace too.
-    let (planned, second) = ns
-        .run(|| {
-            let mut k = Kernel::open().unwrap();
-            nftproxy::reconcile::sync_with_kernel(&mut k, &config, |slots| {
-                nftproxy::cli::plan_for(&config, &after, slots)
-            })
-            .unwrap()
-        })
-        .unwrap();
-    // One endpoint replaced, same count: elements only, in the shared endpoint map (both
-    // ports, TCP and UDP, in one message each way) and the hairpin set. Every block stays where
-    // the first sync put it (the second process found it in the kernel): no chain is flushed,
-    // no rule rewritten.
-    let mut ops = second.transaction.summary();
+    let (second, transaction, planned) = ns.run(|| one_shot(&changed)).unwrap();
+    // One endpoint replaced, same count: elements only, in the balancing map for that count
+    // (both ports, TCP and UDP, in one message each way) and the hairpin set: no chain is
+    // flushed, no rule rewritten.
+    let mut ops = transaction.summary();
     ops.sort();
     let mut expected = vec![
-        "add element ip nftproxy endpoints-0 (2 elements)".to_string(),
+        "add element ip nftproxy service-endpoints-3 (2 elements)".to_string(),
         "add element ip nftproxy hairpin-endpoints (1 elements)".to_string(),
-        "delete element ip nftproxy endpoints-0 (2 elements)".to_string(),
+        "delete element ip nftproxy service-endpoints-3 (2 elements)".to_string(),
         "delete element ip nftproxy hairpin-endpoints (1 elements)".to_string(),
     ];
     expected.sort();
@@ -361,12 +340,12 @@ fn one_endpoint_change_sends_only_what_changed() {
 
     let listing_after = String::from_utf8(ns.exec("nft", &["-a", "list", "ruleset"]).unwrap().stdout).unwrap();
     assert!(listing_after.contains("10.244.2.11 . 8080") && !listing_after.contains("10.244.2.10 . 8080"));
-    for chain in ["services", "masquerading", "service-SUSTUHLJ-default/web/tcp/http"] {
+    for chain in ["services", "masquerading", "balance-service"] {
         assert_eq!(handles(&listing_before, chain), handles(&listing_after, chain), "rules of {chain} untouched");
         assert!(!handles(&listing_after, chain).is_empty());
     }
     let plain = String::from_utf8(ns.exec("nft", &["list", "ruleset"]).unwrap().stdout).unwrap();
-    assert_eq!(canonicalize(&plain), canonicalize(&planned.ruleset.to_string()));
+    assert_eq!(canonicalize(&plain), canonicalize(&planned));
 }
 
 #[test]
@@ -381,13 +360,13 @@ fn a_rejected_element_is_traced_to_its_owner() {
     for i in 1..=50u8 {
         map.insert(
             vec![Value::Addr(ip(&format!("10.96.0.{i}"))), Value::Proto(L4Proto::Tcp), Value::Port(80)],
-            Element::verdict(Verdict::Goto("ok".into()), Owner::new(format!("ns/svc{i}:http"))),
+            Element::verdict(Verdict::Goto("ok".into()), Owner::from_comment(&format!("ns/svc{i}:http"))),
         );
     }
     // This element points at a chain that does not exist.
     map.insert(
         vec![Value::Addr(ip("10.96.1.1")), Value::Proto(L4Proto::Tcp), Value::Port(80)],
-        Element::verdict(Verdict::Goto("missing".into()), Owner::new("ns/broken:http")),
+        Element::verdict(Verdict::Goto("missing".into()), Owner::from_comment(&"ns/broken:http")),
     );
     table.add_set(map);
     table.add_chain(Chain::regular("ok", Owner::infrastructure()));
@@ -405,7 +384,7 @@ fn a_rejected_element_is_traced_to_its_owner() {
     let nftproxy::netlink::NetlinkError::Rejected(failures) = &err else { panic!("{err}") };
     assert_eq!(failures.len(), 1, "{err}");
     assert_eq!(failures[0].errno, libc::ENOENT);
-    assert_eq!(failures[0].owners, vec![Owner::new("ns/broken:http")], "{err}");
+    assert_eq!(failures[0].owners, vec![Owner::from_comment(&"ns/broken:http")], "{err}");
     assert!(err.to_string().contains("add element ip nftproxy service-ips"), "{err}");
 }
 
@@ -438,7 +417,7 @@ fn sync_exits_non_zero_and_says_why_when_another_process_owns_the_table() {
     let ns = Netns::create("owned").unwrap();
     let dir = tempfile::tempdir().unwrap();
     let manifests = dir.path().join("cluster.yaml");
-    std::fs::write(&manifests, nftproxy::demo::DEMO_MANIFESTS).unwrap();
+    std::fs::write(&manifests, nftproxy_tools::demo::DEMO_MANIFESTS).unwrap();
     // Another process owns a table named nftproxy (NFT_TABLE_F_OWNER): the kernel would refuse
     // every change from anyone else (EPERM), so the read-back stops and names the owner.
     let (ready_tx, ready_rx) = std::sync::mpsc::channel();

@@ -3,23 +3,20 @@
 //! process; `kill -9` at random points of large syncs leaves the old or the new ruleset, never a
 //! mix and never none, while traffic to an untouched service keeps flowing.
 
-mod common;
-
 use std::process::{Child, Stdio};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use common::*;
+use crate::common::*;
 use nftproxy::config::{ProxyConfig, parse_cidrs};
-use nftproxy::lab::traffic;
-use nftproxy::lab::{self, Netns};
 use nftproxy::net::L4Proto;
 use nftproxy::netlink::Kernel;
-use nftproxy::netlink::fault::RefuseOwner;
 use nftproxy::nft::canonical::canonicalize;
-use nftproxy::reconcile::{Reconciler, SyncReason, local_nodeports};
-use nftproxy::source::{Event, Kind};
+use nftproxy::sync::SyncReason;
+use nftproxy_tools::lab::traffic;
+use nftproxy_tools::lab::{self, Netns};
+use nftproxy_tools::netfilter::RefuseOwner;
 
 /// `n` services `bench/svc<i>` with `endpoints` endpoints each; `generation` moves the
 /// endpoints to other addresses (same count, so every service keeps its endpoint window).
@@ -51,18 +48,14 @@ fn a_service_the_kernel_refuses_is_left_out_and_the_rest_applied() {
             let mut config = ProxyConfig::new("node1");
             config.cluster_cidrs = parse_cidrs("x", "10.128.0.0/9").unwrap();
             let kernel = RefuseOwner { inner: Kernel::open().unwrap(), prefix: "bench/svc3:".into() };
-            let mut r = Reconciler::new(config, Box::new(kernel), local_nodeports());
-            r.on_event(Event::Synced(Kind::Services));
-            r.on_event(Event::Synced(Kind::EndpointSlices));
-            r.on_event(Event::Snapshot(Box::new(snapshot_of(&filler_yaml(8, 2, 0)))));
+            let mut r = Proxy::new(config, kernel);
+            r.load(&filler_yaml(8, 2, 0));
             let first = r.sync(SyncReason::Startup, true).map(|s| s.report.full);
-            let problems: Vec<String> = r.take_problems().iter().map(|p| p.to_string()).collect();
-            let excluded: Vec<String> = r.excluded().keys().map(|n| n.to_string()).collect();
+            let problems: Vec<String> = r.syncer.take_problems().iter().map(|p| p.to_string()).collect();
+            let excluded: Vec<String> = r.syncer.excluded().keys().map(|n| n.to_string()).collect();
             let rendered = r.render();
             // Another service changes: a partial sync, the refused one still left out.
-            r.on_event(Event::Snapshot(Box::new(snapshot_of(
-                &filler_yaml(8, 2, 0).replace("10.140.0.5\"", "10.140.0.5\"]}\n- {addresses: [\"10.150.0.5\""),
-            ))));
+            r.load(&filler_yaml(8, 2, 0).replace("10.140.0.5\"", "10.140.0.5\"]}\n- {addresses: [\"10.150.0.5\""));
             let second = r.sync(SyncReason::Changes, false).map(|s| s.report.full);
             (first, problems, excluded, rendered, second)
         })
@@ -99,6 +92,9 @@ fn spawn_run(lab: &ClusterLab, manifests: &std::path::Path, extra: &[&str], log:
         "",
         "--min-sync-period",
         "0s",
+        // nf_conntrack_max and the hashsize are global: a test never tries to change them.
+        "--conntrack-max-per-core",
+        "0",
     ];
     args.extend_from_slice(extra);
     lab.lab

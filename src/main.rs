@@ -1,7 +1,8 @@
 use std::process::ExitCode;
 
 use clap::{CommandFactory, FromArgMatches};
-use nftproxy::cli::{Cli, run};
+use nftproxy::cli::{Cli, logging_format, run};
+use nftproxy::config::LoggingFormat;
 use tracing_subscriber::EnvFilter;
 
 fn main() -> ExitCode {
@@ -16,10 +17,12 @@ fn main() -> ExitCode {
         _ => "trace",
     };
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default));
-    tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .init();
+    let logs = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    match logging_format(&cli) {
+        // One object per line: the event's fields at the top level, the span it ran in (the
+        // sync's reason and kind) under "span".
+        LoggingFormat::Json => logs.json().flatten_event(true).with_current_span(true).with_span_list(false).init(),
+        LoggingFormat::Text => logs.with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr())).init(),
+    }
     run(cli, Some(&matches))
 }

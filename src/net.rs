@@ -98,3 +98,115 @@ impl fmt::Display for L4Proto {
         f.write_str(self.name())
     }
 }
+
+/// One value per IP family, for the families in use (nftproxy's tables, a service's objects in
+/// each table): at most two entries, IPv4 first, without allocating.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FamilyMap<T> {
+    v4: Option<T>,
+    v6: Option<T>,
+}
+
+impl<T> Default for FamilyMap<T> {
+    fn default() -> Self {
+        FamilyMap { v4: None, v6: None }
+    }
+}
+
+impl<T> FamilyMap<T> {
+    /// An empty map.
+    pub fn new() -> FamilyMap<T> {
+        FamilyMap::default()
+    }
+
+    /// A value for each of `families`.
+    pub fn from_fn(families: &[IpFamily], mut f: impl FnMut(IpFamily) -> T) -> FamilyMap<T> {
+        let mut map = FamilyMap::new();
+        for family in families {
+            map.insert(*family, f(*family));
+        }
+        map
+    }
+
+    fn slot(&self, family: IpFamily) -> &Option<T> {
+        match family {
+            IpFamily::V4 => &self.v4,
+            IpFamily::V6 => &self.v6,
+        }
+    }
+
+    fn slot_mut(&mut self, family: IpFamily) -> &mut Option<T> {
+        match family {
+            IpFamily::V4 => &mut self.v4,
+            IpFamily::V6 => &mut self.v6,
+        }
+    }
+
+    /// The value of a family.
+    pub fn get(&self, family: IpFamily) -> Option<&T> {
+        self.slot(family).as_ref()
+    }
+
+    /// The value of a family, mutably.
+    pub fn get_mut(&mut self, family: IpFamily) -> Option<&mut T> {
+        self.slot_mut(family).as_mut()
+    }
+
+    /// Sets a family's value, returning the old one.
+    pub fn insert(&mut self, family: IpFamily, value: T) -> Option<T> {
+        self.slot_mut(family).replace(value)
+    }
+
+    /// Removes a family's value.
+    pub fn remove(&mut self, family: IpFamily) -> Option<T> {
+        self.slot_mut(family).take()
+    }
+
+    /// The value of a family, inserted by `f` when missing.
+    pub fn get_or_insert_with(&mut self, family: IpFamily, f: impl FnOnce() -> T) -> &mut T {
+        self.slot_mut(family).get_or_insert_with(f)
+    }
+
+    /// The families present, IPv4 first.
+    pub fn families(&self) -> impl Iterator<Item = IpFamily> + '_ {
+        IpFamily::ALL.into_iter().filter(|f| self.slot(*f).is_some())
+    }
+
+    /// (family, value) pairs, IPv4 first.
+    pub fn iter(&self) -> impl Iterator<Item = (IpFamily, &T)> {
+        [(IpFamily::V4, self.v4.as_ref()), (IpFamily::V6, self.v6.as_ref())]
+            .into_iter()
+            .filter_map(|(f, v)| Some((f, v?)))
+    }
+
+    /// (family, value) pairs, mutably, IPv4 first.
+    pub fn iter_mut(&mut self) -> impl Iterator<Item = (IpFamily, &mut T)> {
+        [(IpFamily::V4, self.v4.as_mut()), (IpFamily::V6, self.v6.as_mut())]
+            .into_iter()
+            .filter_map(|(f, v)| Some((f, v?)))
+    }
+
+    /// The values, IPv4 first.
+    pub fn values(&self) -> impl Iterator<Item = &T> {
+        self.iter().map(|(_, v)| v)
+    }
+
+    /// Whether no family has a value.
+    pub fn is_empty(&self) -> bool {
+        self.v4.is_none() && self.v6.is_none()
+    }
+
+    /// The same families with each value mapped.
+    pub fn map<U>(&self, mut f: impl FnMut(IpFamily, &T) -> U) -> FamilyMap<U> {
+        FamilyMap { v4: self.v4.as_ref().map(|v| f(IpFamily::V4, v)), v6: self.v6.as_ref().map(|v| f(IpFamily::V6, v)) }
+    }
+}
+
+impl<T> IntoIterator for FamilyMap<T> {
+    type Item = (IpFamily, T);
+    type IntoIter = std::iter::Flatten<std::array::IntoIter<Option<(IpFamily, T)>, 2>>;
+
+    fn into_iter(self) -> Self::IntoIter {
+        [self.v4.map(|v| (IpFamily::V4, v)), self.v6.map(|v| (IpFamily::V6, v))].into_iter().flatten()
+    }
+}

@@ -1,12 +1,13 @@
 //! Which local addresses accept NodePort traffic (`--nodeport-addresses`).
 //!
-//! `primary` (the default) means the node's InternalIPs from its Node object, else the
-//! addresses of the interface holding the default route. A CIDR list means the local addresses
-//! inside it; a `/0` range means every local address (matched with `fib daddr type local`).
-//! Loopback is never served, as in upstream's nftables mode. These lookups read the calling
-//! thread's network namespace.
+//! Per family, as upstream: the family's CIDRs and, for `primary` (the default), the node's
+//! primary IP of the family; a family with neither, a `/0` range and `all` mean every local
+//! address of the family (matched with `fib daddr type local`). Loopback is never served, as
+//! in upstream's nftables mode. These lookups read the calling thread's network namespace.
 
 use std::net::IpAddr;
+
+use ipnet::IpNet;
 
 use crate::config::NodePortAddresses;
 use crate::model::NodeInfo;
@@ -21,7 +22,7 @@ pub struct NodePortTargets {
 }
 
 /// Addresses of the local interfaces: (interface, address).
-pub fn local_addresses() -> Vec<(String, IpAddr)> {
+pub(crate) fn local_addresses() -> Vec<(String, IpAddr)> {
     let Ok(addrs) = nix::ifaddrs::getifaddrs() else { return Vec::new() };
     addrs
         .filter_map(|ifa| {
@@ -39,7 +40,7 @@ pub fn local_addresses() -> Vec<(String, IpAddr)> {
 }
 
 /// The interface holding the default route of a family, from /proc (thread's namespace).
-pub fn default_route_interface(family: IpFamily) -> Option<String> {
+pub(crate) fn default_route_interface(family: IpFamily) -> Option<String> {
     match family {
         IpFamily::V4 => {
             let text = std::fs::read_to_string("/proc/thread-self/net/route").ok()?;
@@ -63,44 +64,148 @@ fn usable(ip: &IpAddr) -> bool {
     !ip.is_loopback() && !ip.is_unspecified() && !matches!(ip, IpAddr::V6(v6) if v6.segments()[0] & 0xffc0 == 0xfe80)
 }
 
-/// Resolves `--nodeport-addresses` for both families.
-pub fn resolve(setting: &NodePortAddresses, node: Option<&NodeInfo>) -> NodePortTargets {
-    let local = local_addresses();
-    let per_family = |family: IpFamily| -> NodePorts {
-        match setting {
-            NodePortAddresses::Primary => {
-                let from_node: Vec<IpAddr> = node
-                    .map(|n| {
-                        n.internal_ips.iter().copied().filter(|ip| IpFamily::of(ip) == family && usable(ip)).collect()
-                    })
-                    .unwrap_or_default();
-                if !from_node.is_empty() {
-                    return NodePorts::Addresses(from_node);
-                }
-                let iface = default_route_interface(family);
-                NodePorts::Addresses(
-                    local
-                        .iter()
-                        .filter(|(name, ip)| Some(name) == iface.as_ref() && IpFamily::of(ip) == family && usable(ip))
-                        .map(|(_, ip)| *ip)
-                        .collect(),
-                )
-            }
-            NodePortAddresses::Cidrs(cidrs) => {
-                let mine: Vec<_> = cidrs.iter().filter(|c| IpFamily::of_net(c) == family).collect();
-                if mine.iter().any(|c| c.prefix_len() == 0) {
-                    return NodePorts::MatchAll;
-                }
-                let mut ips: Vec<IpAddr> = local
-                    .iter()
-                    .map(|(_, ip)| *ip)
-                    .filter(|ip| usable(ip) && mine.iter().any(|c| c.contains(ip)))
-                    .collect();
-                ips.sort();
-                ips.dedup();
-                NodePorts::Addresses(ips)
-            }
+/// The node's primary IP of a family, as upstream's `detectNodeIPs` finds it: the Node's first
+/// InternalIP of the family (`--bind-address` has already replaced it, see
+/// [`apply_bind_address`]); without a Node object (manifests that have none), the first address
+/// of the interface holding the family's default route. Loopback is never a primary IP.
+fn primary_ip(
+    family: IpFamily,
+    node: Option<&NodeInfo>,
+    local: &[(String, IpAddr)],
+    default_iface: &dyn Fn(IpFamily) -> Option<String>,
+) -> Option<IpAddr> {
+    match node {
+        Some(n) => n.internal_ips.iter().copied().find(|ip| IpFamily::of(ip) == family && !ip.is_loopback()),
+        None => {
+            let iface = default_iface(family)?;
+            local
+                .iter()
+                .find(|(name, ip)| *name == iface && IpFamily::of(ip) == family && usable(ip))
+                .map(|(_, ip)| *ip)
         }
+    }
+}
+
+/// `--bind-address` overrides the node's primary IP of its family, as upstream: it becomes the
+/// first (and only) InternalIP of that family nftproxy sees.
+pub fn apply_bind_address(node: &mut NodeInfo, bind: Option<IpAddr>) {
+    if let Some(bind) = bind {
+        let family = IpFamily::of(&bind);
+        node.internal_ips.retain(|ip| IpFamily::of(ip) != family);
+        node.internal_ips.insert(0, bind);
+    }
+}
+
+/// Resolves `--nodeport-addresses` for both families in this network namespace.
+pub fn resolve(setting: &NodePortAddresses, node: Option<&NodeInfo>) -> NodePortTargets {
+    resolve_with(setting, node, &local_addresses(), &default_route_interface)
+}
+
+/// Resolves `--nodeport-addresses` against given local addresses, per family as upstream's
+/// per-family proxiers do: the family's CIDRs plus, for `primary`, the node's primary IP of
+/// the family; a family left with nothing (no CIDR of it, no primary IP known) or holding a
+/// `/0` range, and every family under `all`, accepts NodePorts on every local address
+/// (`fib daddr type local`). Otherwise the local addresses inside the ranges, never loopback.
+pub(crate) fn resolve_with(
+    setting: &NodePortAddresses,
+    node: Option<&NodeInfo>,
+    local: &[(String, IpAddr)],
+    default_iface: &dyn Fn(IpFamily) -> Option<String>,
+) -> NodePortTargets {
+    let per_family = |family: IpFamily| -> NodePorts {
+        if setting.all {
+            return NodePorts::MatchAll;
+        }
+        let mut ranges: Vec<IpNet> = setting.cidrs.iter().copied().filter(|c| IpFamily::of_net(c) == family).collect();
+        if setting.primary
+            && let Some(ip) = primary_ip(family, node, local, default_iface)
+        {
+            ranges.push(IpNet::from(ip));
+        }
+        if ranges.is_empty() || ranges.iter().any(|c| c.prefix_len() == 0) {
+            return NodePorts::MatchAll;
+        }
+        let mut ips: Vec<IpAddr> =
+            local.iter().map(|(_, ip)| *ip).filter(|ip| usable(ip) && ranges.iter().any(|c| c.contains(ip))).collect();
+        ips.sort();
+        ips.dedup();
+        NodePorts::Addresses(ips)
     };
     NodePortTargets { v4: per_family(IpFamily::V4), v6: per_family(IpFamily::V6) }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn local() -> Vec<(String, IpAddr)> {
+        [("lo", "127.0.0.1"), ("lo", "::1"), ("eth0", "192.168.50.2"), ("eth0", "fd00:50::2"), ("eth1", "10.0.0.5")]
+            .iter()
+            .map(|(n, ip)| (n.to_string(), ip.parse().unwrap()))
+            .collect()
+    }
+
+    fn node(ips: &[&str]) -> NodeInfo {
+        NodeInfo {
+            name: "node1".into(),
+            internal_ips: ips.iter().map(|ip| ip.parse().unwrap()).collect(),
+            ..NodeInfo::default()
+        }
+    }
+
+    fn addrs(ips: &[&str]) -> NodePorts {
+        NodePorts::Addresses(ips.iter().map(|ip| ip.parse().unwrap()).collect())
+    }
+
+    fn resolved(setting: &NodePortAddresses, node: Option<&NodeInfo>) -> NodePortTargets {
+        resolve_with(setting, node, &local(), &|_| Some("eth0".to_string()))
+    }
+
+    fn cidrs(list: &str) -> NodePortAddresses {
+        NodePortAddresses::cidrs(crate::config::parse_cidrs("x", list).unwrap())
+    }
+
+    #[test]
+    fn a_family_without_cidrs_matches_all_its_addresses() {
+        // The dual-stack node that lost its IPv6 NodePorts with IPv4-only CIDRs.
+        let t = resolved(&cidrs("192.168.50.0/24"), Some(&node(&["192.168.50.2", "fd00:50::2"])));
+        assert_eq!(t.v4, addrs(&["192.168.50.2"]));
+        assert_eq!(t.v6, NodePorts::MatchAll);
+        let t = resolved(&cidrs("fd00:50::/64"), None);
+        assert_eq!((t.v4, t.v6), (NodePorts::MatchAll, addrs(&["fd00:50::2"])));
+        // A zero range matches all of its family only.
+        let t = resolved(&cidrs("0.0.0.0/0,fd00:50::/64"), None);
+        assert_eq!((t.v4, t.v6), (NodePorts::MatchAll, addrs(&["fd00:50::2"])));
+        // Loopback inside a range is never served.
+        assert_eq!(resolved(&cidrs("127.0.0.0/8,10.0.0.0/8"), None).v4, addrs(&["10.0.0.5"]));
+    }
+
+    #[test]
+    fn primary_is_the_first_node_ip_of_each_family() {
+        let primary = NodePortAddresses::primary();
+        let t = resolved(&primary, Some(&node(&["192.168.50.2", "10.0.0.5", "fd00:50::2"])));
+        assert_eq!((t.v4, t.v6), (addrs(&["192.168.50.2"]), addrs(&["fd00:50::2"])));
+        // A single-stack Node: the other family matches all (upstream's node IP is unknown).
+        let t = resolved(&primary, Some(&node(&["192.168.50.2"])));
+        assert_eq!((t.v4, t.v6), (addrs(&["192.168.50.2"]), NodePorts::MatchAll));
+        // No Node object: the default-route interface's addresses.
+        let t = resolved(&primary, None);
+        assert_eq!((t.v4, t.v6), (addrs(&["192.168.50.2"]), addrs(&["fd00:50::2"])));
+        // primary with CIDRs and with all.
+        let mut both = cidrs("10.0.0.0/8");
+        both.primary = true;
+        assert_eq!(resolved(&both, Some(&node(&["192.168.50.2"]))).v4, addrs(&["10.0.0.5", "192.168.50.2"]));
+        both.all = true;
+        assert_eq!(resolved(&both, None), NodePortTargets { v4: NodePorts::MatchAll, v6: NodePorts::MatchAll });
+    }
+
+    #[test]
+    fn bind_address_overrides_the_primary_ip_of_its_family() {
+        let mut n = node(&["192.168.50.2", "fd00:50::2"]);
+        apply_bind_address(&mut n, Some("10.0.0.5".parse().unwrap()));
+        let t = resolved(&NodePortAddresses::primary(), Some(&n));
+        assert_eq!((t.v4, t.v6), (addrs(&["10.0.0.5"]), addrs(&["fd00:50::2"])));
+        apply_bind_address(&mut n, None);
+        assert_eq!(n.internal_ips.len(), 2);
+    }
 }

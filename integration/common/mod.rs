@@ -7,23 +7,101 @@ use std::path::PathBuf;
 use std::process::Output;
 use std::time::Duration;
 
-use nftproxy::lab::traffic::{self, Answer, Tally};
-use nftproxy::lab::{self, Lab, ServerSpec};
-use nftproxy::net::L4Proto;
+use std::sync::{Arc, Mutex};
 
-pub mod apiserver;
+use nftproxy::config::ProxyConfig;
+use nftproxy::index::{Change, ClusterIndex, Update};
+use nftproxy::model::{ClusterState, EndpointSliceInfo};
+use nftproxy::net::L4Proto;
+use nftproxy::netlink::Netfilter;
+use nftproxy::nft::diff::Transaction;
+use nftproxy::nft::wire::WireRuleset;
+use nftproxy::sync::{NodePortResolver, SyncError, SyncReason, Synced, Syncer, local_nodeports};
+use nftproxy_tools::lab::traffic::{self, Answer, Tally};
+use nftproxy_tools::lab::{self, Lab, ServerSpec};
+use nftproxy_tools::netfilter::Recording;
+
+#[allow(unused_imports)]
+pub use nftproxy_tools::apiserver;
 
 /// `nft list ruleset` in a namespace.
-pub fn ruleset_of(ns: &nftproxy::lab::Netns) -> String {
+pub fn ruleset_of(ns: &nftproxy_tools::lab::Netns) -> String {
     String::from_utf8_lossy(&ns.exec("nft", &["list", "ruleset"]).unwrap().stdout).into_owned()
 }
 
-/// Manifests text as the source's snapshot; the text must have no problems.
-pub fn snapshot_of(yaml: &str) -> nftproxy::source::Snapshot {
+/// Manifests text as a source sends it to the index: complete lists of every kind. The text
+/// must have no problems.
+pub fn updates_of(yaml: &str) -> Vec<Update> {
     let mut m = nftproxy::source::manifests::Manifests::default();
     nftproxy::source::manifests::load_text(std::path::Path::new("cluster.yaml"), yaml, &mut m);
     assert!(m.problems.is_empty(), "{:?}", m.problems);
-    nftproxy::source::Snapshot { services: m.services, slices: m.slices, nodes: m.nodes, problems: 0 }
+    let (updates, problems) = m.into_updates("node1");
+    assert!(problems.is_empty(), "{problems:?}");
+    updates
+}
+
+/// The agent's two halves, driven by hand: the index fed with manifests, the syncer applying
+/// to a kernel wrapped in a [`Recording`], so a test can read each transaction sent.
+pub struct Proxy {
+    pub index: ClusterIndex,
+    pub syncer: Syncer,
+    pub log: Arc<Mutex<Vec<Transaction>>>,
+}
+
+impl Proxy {
+    /// A proxy for node1 applying to `kernel`, node-port addresses read from this namespace.
+    pub fn new(config: ProxyConfig, kernel: impl Netfilter + 'static) -> Proxy {
+        Proxy::with_resolver(config, kernel, local_nodeports())
+    }
+
+    /// A proxy whose node-port addresses come from `nodeports`.
+    pub fn with_resolver(config: ProxyConfig, kernel: impl Netfilter + 'static, nodeports: NodePortResolver) -> Proxy {
+        let recording = Recording::new(kernel);
+        let log = Arc::clone(&recording.log);
+        Proxy { index: ClusterIndex::new(), syncer: Syncer::new(config, Box::new(recording), nodeports), log }
+    }
+
+    /// Replaces everything the index holds with `state`, as a source's relist does.
+    pub fn replace_state(&mut self, state: ClusterState) {
+        let slices: Vec<EndpointSliceInfo> =
+            state.services().flat_map(|s| state.slices_of(&s.name).cloned().collect::<Vec<_>>()).collect();
+        self.index.apply(Update::Service(Change::Reset(state.services().cloned().collect())));
+        self.index.apply(Update::EndpointSlice(Change::Reset(slices)));
+        self.index.apply(Update::Node(Change::Reset(state.node().cloned().into_iter().collect())));
+    }
+
+    /// The index's state.
+    pub fn state(&self) -> &ClusterState {
+        self.index.state()
+    }
+
+    /// The whole ruleset planned from scratch, windows where they are.
+    pub fn desired(&mut self) -> WireRuleset {
+        self.syncer.desired(self.index.state())
+    }
+
+    /// The index gets `yaml` as complete lists, as from a manifests source.
+    pub fn load(&mut self, yaml: &str) {
+        for update in updates_of(yaml) {
+            self.index.apply(update);
+        }
+    }
+
+    /// One sync of what changed since the last.
+    pub fn sync(&mut self, reason: SyncReason, full: bool) -> Result<Synced, SyncError> {
+        let pending = self.index.take_pending();
+        self.syncer.sync(self.index.state(), &pending, reason, full)
+    }
+
+    /// The last transaction applied.
+    pub fn last_transaction(&self) -> Transaction {
+        self.log.lock().unwrap().last().cloned().unwrap_or_default()
+    }
+
+    /// The programmed ruleset as nft text.
+    pub fn render(&mut self) -> String {
+        self.syncer.render(self.index.state())
+    }
 }
 
 /// Prints why a test is skipped and returns true when the machine cannot run lab tests.
@@ -110,7 +188,7 @@ impl ClusterLab {
         ruleset_of(&self.lab.node("node1").ns)
     }
 
-    fn ns(&self, who: &str) -> &nftproxy::lab::Netns {
+    fn ns(&self, who: &str) -> &nftproxy_tools::lab::Netns {
         if let Some(c) = self.lab.client(who) {
             return &c.ns;
         }
@@ -306,6 +384,10 @@ impl ClusterLab {
             "--min-sync-period",
             "100ms",
         ]);
+        // nf_conntrack_max and the hashsize are global: a test never tries to change them.
+        if !extra.contains(&"--conntrack-max-per-core") {
+            args.extend_from_slice(&["--conntrack-max-per-core", "0"]);
+        }
         args.extend_from_slice(extra);
         let log = std::fs::File::create(self.dir.path().join("proxy.log")).unwrap();
         let child = self

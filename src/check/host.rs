@@ -15,7 +15,7 @@ const NETLINK_NETFILTER: u32 = 12;
 /// The kernel names a table's owner by netlink port id, which is a pid only for a process's
 /// first socket; so the socket is looked up in `/proc/net/netlink` by port id, and its inode in
 /// the processes' open files.
-pub fn netlink_owners(ports: &[u32]) -> BTreeMap<u32, Process> {
+pub(crate) fn netlink_owners(ports: &[u32]) -> BTreeMap<u32, Process> {
     let mut out = BTreeMap::new();
     if ports.is_empty() {
         return out;
@@ -63,7 +63,7 @@ fn socket_inode(link: &str) -> Option<u64> {
 
 /// iptables-legacy (x_tables) tables registered in this network namespace: `nat`, `filter`, …
 /// for IPv4 and `ip6 nat`, … for IPv6. Empty when the modules are not loaded.
-pub fn legacy_iptables() -> Vec<String> {
+pub(crate) fn legacy_iptables() -> Vec<String> {
     let mut out = Vec::new();
     for (file, prefix) in [("/proc/net/ip_tables_names", ""), ("/proc/net/ip6_tables_names", "ip6 ")] {
         if let Ok(text) = fs::read_to_string(file) {

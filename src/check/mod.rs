@@ -14,7 +14,7 @@
 //! takes what the kernel holds ([`TableInfo`], read by [`crate::netlink::Kernel::list_tables`])
 //! and nftproxy's own base chains ([`crate::plan::base_chains`]); [`host`] reads the rest.
 
-pub mod host;
+pub(crate) mod host;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
@@ -28,7 +28,7 @@ use crate::nft::ast::{BaseHook, ChainType, Hook};
 /// How much a finding matters. Warnings and conflicts make `check` exit 1.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
 #[serde(rename_all = "lowercase")]
-pub enum Severity {
+pub(crate) enum Severity {
     /// Worth knowing; nothing competes with nftproxy.
     Info,
     /// May break or divert service traffic, depending on rules `check` does not interpret.
@@ -39,7 +39,7 @@ pub enum Severity {
 
 impl Severity {
     /// The label the text report prints.
-    pub fn label(self) -> &'static str {
+    pub(crate) fn label(self) -> &'static str {
         match self {
             Severity::Info => "INFO",
             Severity::Warning => "WARNING",
@@ -51,7 +51,7 @@ impl Severity {
 /// What a finding is about (a stable code, for `--output json` and tests).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
 #[serde(rename_all = "kebab-case")]
-pub enum FindingKind {
+pub(crate) enum FindingKind {
     /// Neither `ip` nor `ip6` nftproxy table exists.
     OwnTablesMissing,
     /// Only one family's nftproxy table exists.
@@ -86,7 +86,7 @@ pub enum FindingKind {
 
 /// One thing `check` found.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct Finding {
+pub(crate) struct Finding {
     pub severity: Severity,
     pub kind: FindingKind,
     /// The table as nft names it (`ip kube-proxy`).
@@ -110,7 +110,7 @@ pub struct Finding {
 
 /// A process holding a netlink socket.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Process {
+pub(crate) struct Process {
     pub pid: u32,
     /// Its `/proc/PID/comm`.
     pub comm: String,
@@ -118,7 +118,7 @@ pub struct Process {
 
 /// Everything [`check`] looks at.
 #[derive(Debug, Clone, Copy)]
-pub struct CheckInput<'a> {
+pub(crate) struct CheckInput<'a> {
     /// Every table in the network namespace.
     pub tables: &'a [TableInfo],
     /// nftproxy's table name (`--table`), in the `ip` and `ip6` families.
@@ -133,7 +133,7 @@ pub struct CheckInput<'a> {
 
 /// One base chain on a hook, for the report's overview.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct HookRow {
+pub(crate) struct HookRow {
     /// Where the chain runs: `IPv4 prerouting` (`ip` and `inet` chains), `IPv6 forward`,
     /// `netdev ingress (eth0)`, …
     pub point: String,
@@ -153,7 +153,7 @@ pub struct HookRow {
 
 /// What `check` found.
 #[derive(Debug, Clone, Serialize)]
-pub struct Report {
+pub(crate) struct Report {
     /// nftproxy's table name that was checked.
     pub table: String,
     /// Tables in the namespace.
@@ -162,22 +162,25 @@ pub struct Report {
     pub findings: Vec<Finding>,
     /// Every base chain, grouped by hook, in the order they run.
     pub hooks: Vec<HookRow>,
+    /// kube-proxy's leftovers `nftproxy run` removes in its first sync (read by the CLI).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub takeover: Option<crate::takeover::Leftovers>,
 }
 
 impl Report {
     /// Findings of one severity.
-    pub fn count(&self, severity: Severity) -> usize {
+    pub(crate) fn count(&self, severity: Severity) -> usize {
         self.findings.iter().filter(|f| f.severity == severity).count()
     }
 
     /// 1 when anything may conflict (a warning or a conflict), 0 otherwise.
-    pub fn exit_code(&self) -> u8 {
+    pub(crate) fn exit_code(&self) -> u8 {
         u8::from(self.findings.iter().any(|f| f.severity >= Severity::Warning))
     }
 }
 
 /// Checks the tables of one network namespace against nftproxy's.
-pub fn check(input: &CheckInput<'_>) -> Report {
+pub(crate) fn check(input: &CheckInput<'_>) -> Report {
     let mut findings = Vec::new();
     let families = own_tables(input, &mut findings);
     for table in input.tables {
@@ -214,6 +217,7 @@ pub fn check(input: &CheckInput<'_>) -> Report {
         tables: input.tables.len(),
         findings,
         hooks: hook_rows(input.tables, input.table),
+        takeover: None,
     }
 }
 
@@ -476,8 +480,9 @@ fn recognise(table: &TableInfo, our_name: &str, findings: &mut Vec<Finding>) {
              worst), and its filter chains reject traffic to services it thinks have no endpoints."
                 .into(),
             format!(
-                "Make sure kube-proxy no longer runs on this node, then delete the table: `nft delete table {label}` \
-                 (or `kube-proxy --cleanup`)."
+                "Make sure kube-proxy no longer runs on this node: `nftproxy run` then deletes the table in its first \
+                 sync (unless --cleanup-kube-proxy=false; see \"nftproxy run removes\" below), or delete it by hand: \
+                 `nft delete table {label}`."
             ),
         ));
     }
@@ -495,8 +500,9 @@ fn recognise(table: &TableInfo, our_name: &str, findings: &mut Vec<Finding>) {
              OUTPUT jump to KUBE-SERVICES at priority -100) DNAT service traffic like nftproxy's, and its filter \
              chains accept or reject it: double NAT, or endpoints it no longer updates."
                 .into(),
-            "Make sure kube-proxy no longer runs on this node, then run `kube-proxy --cleanup` (it removes its \
-             iptables, ipvs and nftables rules)."
+            "Make sure kube-proxy no longer runs on this node: `nftproxy run` then removes these chains and the \
+             jumps to them in its first sync (unless --cleanup-kube-proxy=false; see \"nftproxy run removes\" \
+             below), or run `kube-proxy --cleanup`."
                 .into(),
         ));
     } else if !kube.is_empty() {
@@ -796,7 +802,7 @@ fn wrap(out: &mut String, text: &str, indent: &str, width: usize) {
 
 impl Report {
     /// The human-readable report.
-    pub fn to_text(&self) -> String {
+    pub(crate) fn to_text(&self) -> String {
         const WIDTH: usize = 100;
         let mut out = String::new();
         let base_chains: BTreeSet<(&str, &str)> =
@@ -824,6 +830,9 @@ impl Report {
         }
         if self.findings.iter().all(|f| f.severity == Severity::Info) {
             let _ = writeln!(out, "No foreign table or chain conflicts with nftproxy's.\n");
+        }
+        if let Some(l) = &self.takeover {
+            l.write_text(&mut out);
         }
         let _ = writeln!(
             out,

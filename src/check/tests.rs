@@ -1,5 +1,5 @@
 use super::*;
-use crate::netlink::TABLE_F_DORMANT;
+use crate::netlink::inventory::TABLE_F_DORMANT;
 use crate::plan::base_chains;
 
 const PREROUTING: u32 = 0;

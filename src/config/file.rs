@@ -11,7 +11,7 @@ use ipnet::IpNet;
 use serde::Deserialize;
 use serde_json::Value;
 
-use super::{ConfigError, DetectLocal, NodePortAddresses, parse_detect_local, parse_nodeport_addresses};
+use super::{ConfigError, DetectLocal, LoggingFormat, NodePortAddresses, parse_detect_local, parse_nodeport_addresses};
 
 /// The settings a config file gave (each `None` when absent).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -29,6 +29,8 @@ pub struct FileSettings {
     pub min_sync_period: Option<Duration>,
     pub kubeconfig: Option<String>,
     pub conntrack: ConntrackSettings,
+    pub bind_address_hard_fail: Option<bool>,
+    pub logging_format: Option<LoggingFormat>,
 }
 
 /// `conntrack:`: kernel conntrack settings kube-proxy applies at start-up.
@@ -61,6 +63,14 @@ struct Raw {
     nftables: Option<RawNftables>,
     conntrack: Option<RawConntrack>,
     client_connection: Option<RawClientConnection>,
+    bind_address_hard_fail: Option<bool>,
+    logging: Option<RawLogging>,
+}
+
+#[derive(Debug, Deserialize, Default)]
+#[serde(rename_all = "camelCase")]
+struct RawLogging {
+    format: Option<String>,
 }
 
 #[derive(Debug, Deserialize, Default)]
@@ -130,6 +140,9 @@ const HONOURED: &[&str] = &[
     "conntrack.tcpBeLiberal",
     "clientConnection",
     "clientConnection.kubeconfig",
+    "bindAddressHardFail",
+    "logging",
+    "logging.format",
 ];
 
 /// kube-proxy fields that exist but do not apply to nftproxy (ignored with a warning).
@@ -142,10 +155,12 @@ const IGNORED: &[&str] = &[
     "portRange",
     "configSyncPeriod",
     "showHiddenMetricsForVersion",
-    "logging",
+    "logging.flushFrequency",
+    "logging.verbosity",
+    "logging.vmodule",
+    "logging.options",
     "enableProfiling",
     "windowsRunAsService",
-    "bindAddressHardFail",
     "clientConnection.acceptContentTypes",
     "clientConnection.contentType",
     "clientConnection.qps",
@@ -191,7 +206,7 @@ fn positive(field: &'static str, v: i64) -> Result<u32, ConfigError> {
 
 /// Parses a config file's text. Returns the settings and warnings about fields not applied.
 pub fn parse(text: &str) -> Result<(FileSettings, Vec<String>), ConfigError> {
-    let value: Value = serde_saphyr::from_str(text)
+    let value: Value = serde_yaml_ng::from_str(text)
         .map_err(|e| ConfigError::File(e.to_string().lines().next().unwrap_or("").to_string()))?;
     let mut warnings = Vec::new();
     walk("", &value, &mut warnings);
@@ -236,7 +251,13 @@ pub fn parse(text: &str) -> Result<(FileSettings, Vec<String>), ConfigError> {
         s.metrics_bind_address = Some(address("metricsBindAddress", m)?);
     }
     if let Some(np) = raw.node_port_addresses {
-        s.nodeport_addresses = Some(parse_nodeport_addresses(&np)?);
+        let (np, found) = parse_nodeport_addresses("nodePortAddresses", &np)?;
+        warnings.extend(found);
+        s.nodeport_addresses = Some(np);
+    }
+    s.bind_address_hard_fail = raw.bind_address_hard_fail;
+    if let Some(format) = raw.logging.and_then(|l| l.format) {
+        s.logging_format = Some(LoggingFormat::parse("logging.format", &format)?);
     }
     let detect = raw.detect_local.unwrap_or_default();
     if let Some(cidrs) = &detect.cluster_cidrs
@@ -330,7 +351,7 @@ whatIsThis: 1
         assert_eq!(s.healthz_bind_address, Some(Some("0.0.0.0:10256".parse().unwrap())));
         assert_eq!(s.conntrack.tcp_established_timeout, Some(Duration::from_secs(86400)));
         assert_eq!(s.kubeconfig.as_deref(), Some("/var/lib/kube-proxy/kubeconfig.conf"));
-        assert!(matches!(s.nodeport_addresses, Some(NodePortAddresses::Cidrs(_))));
+        assert!(s.nodeport_addresses.as_ref().is_some_and(|n| n.cidrs.len() == 1 && !n.primary));
         assert_eq!(
             warnings,
             vec![

@@ -24,8 +24,8 @@ pub enum ConfigError {
     DetectLocalMode(String),
     #[error("--detect-local-mode {0} needs {1}")]
     DetectLocalMissing(&'static str, &'static str),
-    #[error("invalid --nodeport-addresses entry {0:?} (a CIDR, or `primary`)")]
-    NodePortAddress(String),
+    #[error("invalid {field} entry {value:?}: must be a valid CIDR (or a keyword: primary, all, localhost)")]
+    NodePortAddress { field: &'static str, value: String },
     #[error("invalid {field} {value:?}: expected {expected}")]
     Value { field: &'static str, value: String, expected: &'static str },
     #[error("cannot read the config file: {0}")]
@@ -45,13 +45,59 @@ pub enum DetectLocal {
     InterfaceNamePrefix(String),
 }
 
-/// Which addresses accept NodePort traffic.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum NodePortAddresses {
-    /// The node's primary IPs: its Node's InternalIPs, else the default-route interface's.
-    Primary,
-    /// Local addresses inside these ranges (`0.0.0.0/0` / `::/0`: every local address).
-    Cidrs(Vec<IpNet>),
+/// `--logging-format` / `logging.format`: kube-proxy's permitted formats.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum LoggingFormat {
+    /// Human-readable lines.
+    #[default]
+    Text,
+    /// One JSON object per line.
+    Json,
+}
+
+impl LoggingFormat {
+    /// Parses a format name; anything else is refused, as upstream refuses it.
+    pub fn parse(field: &'static str, value: &str) -> Result<LoggingFormat, ConfigError> {
+        match value.trim() {
+            "" | "text" => Ok(LoggingFormat::Text),
+            "json" => Ok(LoggingFormat::Json),
+            other => Err(ConfigError::Value {
+                field,
+                value: other.to_string(),
+                expected: "one of the permitted formats: text, json",
+            }),
+        }
+    }
+}
+
+/// Which addresses accept NodePort traffic (`--nodeport-addresses`): CIDRs and upstream's
+/// keywords, in any combination. Each family is resolved on its own: a family nothing here
+/// names (no CIDR of it, no keyword) accepts NodePorts on every local address of that family,
+/// as upstream's per-family proxiers do.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct NodePortAddresses {
+    /// Ranges given (host bits cleared); a `/0` range means every address of its family.
+    pub cidrs: Vec<IpNet>,
+    /// `primary`: the node's primary IP of each family (its Node's first InternalIP of the
+    /// family, or `--bind-address` for its family).
+    pub primary: bool,
+    /// `all`: every local address of both families.
+    pub all: bool,
+    /// `localhost` was given: upstream 1.35's nftables mode does not serve NodePorts on
+    /// loopback, and neither does nftproxy (it is logged and skipped).
+    pub localhost: bool,
+}
+
+impl NodePortAddresses {
+    /// kube-proxy's default in nftables mode: `primary`.
+    pub fn primary() -> NodePortAddresses {
+        NodePortAddresses { primary: true, ..NodePortAddresses::default() }
+    }
+
+    /// Ranges, nothing else.
+    pub fn cidrs(cidrs: Vec<IpNet>) -> NodePortAddresses {
+        NodePortAddresses { cidrs, ..NodePortAddresses::default() }
+    }
 }
 
 /// Settings for planning and applying rules.
@@ -66,6 +112,10 @@ pub struct ProxyConfig {
     pub masquerade_bit: u32,
     pub detect_local: DetectLocal,
     pub nodeport_addresses: NodePortAddresses,
+    /// `--bind-address` / `bindAddress` when not `0.0.0.0` or `::`: overrides the node's primary
+    /// IP of its family (`primary` node-port addresses, the LoadBalancerSourceRanges node check),
+    /// as upstream does; nothing binds to it.
+    pub bind_address: Option<IpAddr>,
     /// The nftables table name in both families.
     pub table: String,
     /// Delete stale UDP/SCTP conntrack entries after each sync.
@@ -88,7 +138,8 @@ impl ProxyConfig {
             masquerade_all: false,
             masquerade_bit: 14,
             detect_local: DetectLocal::ClusterCidr,
-            nodeport_addresses: NodePortAddresses::Primary,
+            nodeport_addresses: NodePortAddresses::primary(),
+            bind_address: None,
             table: Self::DEFAULT_TABLE.to_string(),
             conntrack_cleanup: true,
             table_ownership: true,
@@ -133,7 +184,7 @@ impl ProxyConfig {
 /// Applies a config file under the flags: a setting comes from the command line when the flag
 /// was given there (`explicit(flag id)`), else from the file when it has it, else it keeps the
 /// flag's default already in `flags`.
-pub fn merge(
+pub(crate) fn merge(
     mut flags: ProxyConfig,
     explicit: &dyn Fn(&str) -> bool,
     file: &file::FileSettings,
@@ -153,6 +204,9 @@ pub fn merge(
     }
     if let (true, Some(n)) = (from_file("nodeport_addresses"), &file.nodeport_addresses) {
         flags.nodeport_addresses = n.clone();
+    }
+    if let (true, Some(b)) = (from_file("bind_address"), file.bind_address) {
+        flags.bind_address = specified(b);
     }
     let detect_flags = ["detect_local_mode", "pod_bridge_interface", "pod_interface_name_prefix"];
     if let (true, Some(d)) = (detect_flags.iter().all(|f| from_file(f)), &file.detect_local) {
@@ -176,22 +230,82 @@ pub fn parse_cidrs(field: &'static str, s: &str) -> Result<Vec<IpNet>, ConfigErr
         .collect()
 }
 
-/// Parses `--nodeport-addresses`.
-pub fn parse_nodeport_addresses(values: &[String]) -> Result<NodePortAddresses, ConfigError> {
+/// `--bind-address`: `None` for the unspecified addresses (upstream's "not set").
+pub(crate) fn specified(ip: IpAddr) -> Option<IpAddr> {
+    (!ip.is_unspecified()).then_some(ip)
+}
+
+/// Parses `--bind-address` / `bindAddress`: an IP address (`0.0.0.0` and `::` mean unset).
+pub(crate) fn parse_bind_address(field: &'static str, value: &str) -> Result<Option<IpAddr>, ConfigError> {
+    let value = value.trim();
+    if value.is_empty() {
+        return Ok(None);
+    }
+    value.parse().map(specified).map_err(|_| ConfigError::Value {
+        field,
+        value: value.to_string(),
+        expected: "an IP address",
+    })
+}
+
+/// Parses `--nodeport-addresses` (`field` names the flag or config field in messages): CIDRs
+/// and the keywords `primary`, `all` and `localhost`, in any combination, as upstream accepts
+/// them. An entry that is not a CIDR but looks like a keyword (letters only) and is not one
+/// upstream knows is skipped alone, with a warning naming it; an invalid CIDR stops start-up,
+/// as upstream's validation does. Returns the setting and the warnings. An empty list (or one
+/// left empty by skipped entries) is nftables mode's default, `primary`.
+pub(crate) fn parse_nodeport_addresses(
+    field: &'static str,
+    values: &[String],
+) -> Result<(NodePortAddresses, Vec<String>), ConfigError> {
     let items: Vec<&str> = values.iter().flat_map(|v| v.split(',')).map(str::trim).filter(|s| !s.is_empty()).collect();
-    if items.is_empty() || items == ["primary"] {
-        return Ok(NodePortAddresses::Primary);
-    }
-    let mut cidrs = Vec::new();
+    let mut out = NodePortAddresses::default();
+    let mut warnings = Vec::new();
+    let mut used = 0;
     for item in items {
-        let net = item.parse::<IpNet>().map_err(|_| ConfigError::NodePortAddress(item.to_string()))?;
-        cidrs.push(net.trunc());
+        match item {
+            "primary" => out.primary = true,
+            "all" => out.all = true,
+            "localhost" => {
+                out.localhost = true;
+                warnings.push(format!(
+                    "{field}: {item:?}: localhost NodePorts are not supported (as in upstream's nftables mode); skipped"
+                ));
+                continue;
+            }
+            word if word.chars().all(|c| c.is_ascii_alphabetic() || c == '-' || c == '_') => {
+                warnings.push(format!(
+                    "{field}: unknown keyword {word:?} skipped (known: primary, all, localhost, or a CIDR)"
+                ));
+                continue;
+            }
+            cidr => {
+                let net = cidr
+                    .parse::<IpNet>()
+                    .map_err(|_| ConfigError::NodePortAddress { field, value: cidr.to_string() })?;
+                let loopback = [IpAddr::from([127, 0, 0, 1]), IpAddr::from(std::net::Ipv6Addr::LOCALHOST)];
+                if net.prefix_len() > 0 && loopback.iter().any(|ip| net.contains(ip)) {
+                    warnings.push(format!(
+                        "{field}: {cidr:?} includes localhost but localhost NodePorts are not supported; loopback addresses are skipped"
+                    ));
+                }
+                out.cidrs.push(net.trunc());
+            }
+        }
+        used += 1;
     }
-    Ok(NodePortAddresses::Cidrs(cidrs))
+    if used == 0 {
+        out.primary = true;
+    }
+    Ok((out, warnings))
 }
 
 /// Parses `--detect-local-mode` with its companion flags.
-pub fn parse_detect_local(mode: &str, bridge: Option<&str>, prefix: Option<&str>) -> Result<DetectLocal, ConfigError> {
+pub(crate) fn parse_detect_local(
+    mode: &str,
+    bridge: Option<&str>,
+    prefix: Option<&str>,
+) -> Result<DetectLocal, ConfigError> {
     match mode {
         "" | "ClusterCIDR" => Ok(DetectLocal::ClusterCidr),
         "NodeCIDR" => Ok(DetectLocal::NodeCidr),
@@ -269,13 +383,35 @@ mod tests {
 
     #[test]
     fn nodeport_addresses() {
-        assert_eq!(parse_nodeport_addresses(&[]).unwrap(), NodePortAddresses::Primary);
-        assert_eq!(parse_nodeport_addresses(&["primary".into()]).unwrap(), NodePortAddresses::Primary);
-        let NodePortAddresses::Cidrs(c) = parse_nodeport_addresses(&["192.168.0.0/24,0.0.0.0/0".into()]).unwrap()
-        else {
-            panic!()
-        };
-        assert_eq!(c.len(), 2);
-        assert!(parse_nodeport_addresses(&["nope".into()]).is_err());
+        let parse = |v: &str| parse_nodeport_addresses("--nodeport-addresses", &[v.to_string()]);
+        assert_eq!(parse_nodeport_addresses("x", &[]).unwrap(), (NodePortAddresses::primary(), vec![]));
+        assert_eq!(parse("primary").unwrap().0, NodePortAddresses::primary());
+        let (np, warnings) = parse("192.168.0.7/24,0.0.0.0/0").unwrap();
+        assert_eq!(np.cidrs.iter().map(|c| c.to_string()).collect::<Vec<_>>(), ["192.168.0.0/24", "0.0.0.0/0"]);
+        assert!(!np.primary && warnings.is_empty());
+        // Keywords in any combination with each other and with CIDRs (upstream after 1.35).
+        let (np, _) = parse("primary, 10.0.0.0/8, all").unwrap();
+        assert!(np.primary && np.all && np.cidrs.len() == 1);
+        // localhost: parsed, reported, not served.
+        let (np, warnings) = parse("localhost,10.0.0.0/8").unwrap();
+        assert!(np.localhost && !np.primary && warnings[0].contains("localhost"), "{warnings:?}");
+        // An unknown keyword is skipped alone, named with the field.
+        let (np, warnings) = parse("10.0.0.0/8,nodeips").unwrap();
+        assert_eq!(np.cidrs.len(), 1);
+        assert!(warnings[0].starts_with("--nodeport-addresses: unknown keyword \"nodeips\""), "{warnings:?}");
+        // Alone, it leaves the default.
+        assert_eq!(parse("nodeips").unwrap().0, NodePortAddresses::primary());
+        // An invalid CIDR is refused, as upstream's validation does.
+        let err = parse("10.0.0.0/33").unwrap_err().to_string();
+        assert!(err.contains("--nodeport-addresses") && err.contains("10.0.0.0/33"), "{err}");
+        assert!(parse("10.0.0.300").is_err());
+    }
+
+    #[test]
+    fn bind_address_unspecified_means_unset() {
+        assert_eq!(parse_bind_address("--bind-address", "0.0.0.0").unwrap(), None);
+        assert_eq!(parse_bind_address("--bind-address", "::").unwrap(), None);
+        assert_eq!(parse_bind_address("--bind-address", "10.1.2.3").unwrap(), Some("10.1.2.3".parse().unwrap()));
+        assert!(parse_bind_address("--bind-address", "nope").is_err());
     }
 }

@@ -28,7 +28,7 @@ const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
 
 /// Server limits.
 #[derive(Debug, Clone, Copy)]
-pub struct Limits {
+pub(crate) struct Limits {
     /// Time to send a request's start line and headers, from the connection's opening or the
     /// previous response (so it also ends idle keep-alive connections).
     pub header_timeout: Duration,
@@ -52,7 +52,7 @@ impl Default for Limits {
 }
 
 /// A response: status, content type, body.
-pub struct Reply {
+pub(crate) struct Reply {
     pub status: StatusCode,
     pub content_type: &'static str,
     pub headers: Vec<(&'static str, String)>,
@@ -61,7 +61,7 @@ pub struct Reply {
 
 impl Reply {
     /// A JSON reply with upstream's headers.
-    pub fn json(status: StatusCode, body: String) -> Reply {
+    pub(crate) fn json(status: StatusCode, body: String) -> Reply {
         Reply {
             status,
             content_type: "application/json",
@@ -71,7 +71,7 @@ impl Reply {
     }
 
     /// A plain-text reply.
-    pub fn text(status: StatusCode, body: impl Into<String>) -> Reply {
+    pub(crate) fn text(status: StatusCode, body: impl Into<String>) -> Reply {
         Reply {
             status,
             content_type: "text/plain; charset=utf-8",
@@ -81,8 +81,8 @@ impl Reply {
     }
 }
 
-/// Handles one request (method and path; bodies are ignored).
-pub type Handler = Arc<dyn Fn(&str, &str) -> Reply + Send + Sync>;
+/// Handles one request: method, path and query string (empty when none); bodies are ignored.
+pub(crate) type Handler = Arc<dyn Fn(&str, &str, &str) -> Reply + Send + Sync>;
 
 fn respond(reply: Reply) -> Response<Full<Bytes>> {
     let mut builder = Response::builder().status(reply.status).header("Content-Type", reply.content_type);
@@ -101,7 +101,12 @@ fn respond(reply: Reply) -> Response<Full<Bytes>> {
 
 /// Serves `listener` until `shutdown` turns true (or its sender is dropped); stopping also ends
 /// the open connections.
-pub async fn serve(listener: TcpListener, handler: Handler, limits: Limits, mut shutdown: watch::Receiver<bool>) {
+pub(crate) async fn serve(
+    listener: TcpListener,
+    handler: Handler,
+    limits: Limits,
+    mut shutdown: watch::Receiver<bool>,
+) {
     let slots = Arc::new(Semaphore::new(limits.max_connections));
     let mut http = hyper::server::conn::http1::Builder::new();
     http.timer(TokioTimer::new())
@@ -139,7 +144,7 @@ pub async fn serve(listener: TcpListener, handler: Handler, limits: Limits, mut 
             let service = hyper::service::service_fn(move |req: Request<Incoming>| {
                 // The body is dropped unread: hyper then drains what has already arrived and
                 // otherwise closes the connection after the response.
-                let reply = handler(req.method().as_str(), req.uri().path());
+                let reply = handler(req.method().as_str(), req.uri().path(), req.uri().query().unwrap_or(""));
                 async move { Ok::<_, Infallible>(respond(reply)) }
             });
             let conn = http.serve_connection(TokioIo::new(stream), service);
@@ -156,7 +161,7 @@ pub async fn serve(listener: TcpListener, handler: Handler, limits: Limits, mut 
 }
 
 /// Binds exactly `addr` (std, so errors surface at once) and makes it ready for tokio.
-pub fn bind(addr: SocketAddr) -> std::io::Result<std::net::TcpListener> {
+pub(crate) fn bind(addr: SocketAddr) -> std::io::Result<std::net::TcpListener> {
     let listener = std::net::TcpListener::bind(addr)?;
     listener.set_nonblocking(true)?;
     Ok(listener)
@@ -203,7 +208,7 @@ pub(crate) mod tests {
         let listener = bind(SocketAddr::from(([127, 0, 0, 1], 0))).expect("bind");
         let addr = listener.local_addr().expect("local address");
         let listener = TcpListener::from_std(listener).expect("tokio listener");
-        let handler: Handler = Arc::new(|_method, path| Reply::text(StatusCode::OK, format!("ok {path}")));
+        let handler: Handler = Arc::new(|_method, path, _query| Reply::text(StatusCode::OK, format!("ok {path}")));
         let (stop, stop_rx) = watch::channel(false);
         tokio::spawn(serve(listener, handler, limits, stop_rx));
         Server { addr, _stop: stop }

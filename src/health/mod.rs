@@ -8,7 +8,7 @@
 //!   local ready endpoints and the proxy is healthy, 503 otherwise, with a JSON body naming the
 //!   service and the count. Load balancers use it to send traffic only to nodes with endpoints.
 
-pub mod http;
+pub(crate) mod http;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::{IpAddr, Ipv6Addr, SocketAddr};
@@ -18,8 +18,9 @@ use std::time::{Duration, Instant, SystemTime};
 use hyper::StatusCode;
 use tokio::runtime::Handle;
 use tokio::sync::watch;
-use tracing::{info, warn};
+use tracing::{error, info};
 
+use crate::metrics::Metrics;
 use crate::model::NamespacedName;
 use crate::plan::{HealthCheck, NodePorts};
 use http::{Handler, Limits, Reply};
@@ -34,14 +35,14 @@ struct State {
 
 /// The proxy's health, shared by the sync loop and the servers.
 #[derive(Debug)]
-pub struct ProxyHealth {
+pub(crate) struct ProxyHealth {
     timeout: Duration,
     state: Mutex<State>,
 }
 
 /// A point-in-time view of [`ProxyHealth`].
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Status {
+pub(crate) struct Status {
     pub healthy: bool,
     pub node_eligible: bool,
     pub last_updated: Option<SystemTime>,
@@ -49,7 +50,7 @@ pub struct Status {
 
 impl ProxyHealth {
     /// Health that turns bad when a change waits longer than `timeout`.
-    pub fn new(timeout: Duration) -> Arc<ProxyHealth> {
+    pub(crate) fn new(timeout: Duration) -> Arc<ProxyHealth> {
         Arc::new(ProxyHealth {
             timeout,
             state: Mutex::new(State {
@@ -66,7 +67,7 @@ impl ProxyHealth {
     }
 
     /// A change arrived at `at` and is not applied yet.
-    pub fn queued(&self, at: Instant) {
+    pub(crate) fn queued(&self, at: Instant) {
         let mut s = self.lock();
         if s.oldest_pending.is_none() {
             s.oldest_pending = Some(at);
@@ -74,7 +75,7 @@ impl ProxyHealth {
     }
 
     /// A sync succeeded: nothing is pending, and these are the health-checked services.
-    pub fn updated(&self, checks: &[HealthCheck]) {
+    pub(crate) fn updated(&self, checks: &[HealthCheck]) {
         let mut s = self.lock();
         s.last_updated = Some(SystemTime::now());
         s.oldest_pending = None;
@@ -82,19 +83,19 @@ impl ProxyHealth {
     }
 
     /// Whether this node may receive traffic (false while its Node is being deleted).
-    pub fn set_node_eligible(&self, eligible: bool) {
+    pub(crate) fn set_node_eligible(&self, eligible: bool) {
         self.lock().node_eligible = eligible;
     }
 
     /// The current status.
-    pub fn status(&self, now: Instant) -> Status {
+    pub(crate) fn status(&self, now: Instant) -> Status {
         let s = self.lock();
         let healthy = s.oldest_pending.is_none_or(|t| now.saturating_duration_since(t) < self.timeout);
         Status { healthy, node_eligible: s.node_eligible, last_updated: s.last_updated }
     }
 
     /// Local ready endpoints of a health-checked service, if it is one.
-    pub fn local_endpoints(&self, service: &NamespacedName) -> Option<usize> {
+    pub(crate) fn local_endpoints(&self, service: &NamespacedName) -> Option<usize> {
         self.lock().services.get(service).copied()
     }
 }
@@ -103,28 +104,31 @@ fn rfc3339(t: Option<SystemTime>) -> String {
     t.map(|t| humantime::format_rfc3339_millis(t).to_string()).unwrap_or_default()
 }
 
-/// The `/healthz` and `/livez` handler.
-pub fn proxier_handler(health: Arc<ProxyHealth>) -> Handler {
-    Arc::new(move |_method, path| {
+/// The `/healthz` and `/livez` handler; each answer is counted in
+/// `kubeproxy_proxy_healthz_total` / `kubeproxy_proxy_livez_total` by status code.
+pub(crate) fn proxier_handler(health: Arc<ProxyHealth>, metrics: Arc<Metrics>) -> Handler {
+    Arc::new(move |_method, path, _query| {
         let status = health.status(Instant::now());
-        let ok = match path {
-            "/healthz" => status.healthy && status.node_eligible,
-            "/livez" => status.healthy,
+        let (ok, livez) = match path {
+            "/healthz" => (status.healthy && status.node_eligible, false),
+            "/livez" => (status.healthy, true),
             _ => return Reply::text(StatusCode::NOT_FOUND, "404 page not found\n"),
         };
+        let code = if ok { StatusCode::OK } else { StatusCode::SERVICE_UNAVAILABLE };
+        metrics.health_answered(livez, code);
         let body = serde_json::json!({
             "lastUpdated": rfc3339(status.last_updated),
             "currentTime": rfc3339(Some(SystemTime::now())),
             "nodeEligible": status.node_eligible,
         })
         .to_string();
-        Reply::json(if ok { StatusCode::OK } else { StatusCode::SERVICE_UNAVAILABLE }, body)
+        Reply::json(code, body)
     })
 }
 
 /// The handler of one service's health-check port.
-pub fn service_handler(health: Arc<ProxyHealth>, service: NamespacedName) -> Handler {
-    Arc::new(move |_method, _path| {
+pub(crate) fn service_handler(health: Arc<ProxyHealth>, service: NamespacedName) -> Handler {
+    Arc::new(move |_method, _path, _query| {
         let count = health.local_endpoints(&service).unwrap_or(0);
         let healthy = health.status(Instant::now()).healthy;
         let body = serde_json::to_string_pretty(&serde_json::json!({
@@ -141,7 +145,12 @@ pub fn service_handler(health: Arc<ProxyHealth>, service: NamespacedName) -> Han
 }
 
 /// Starts a server for `handler` on `addr` in the runtime behind `rt`.
-pub fn start(rt: &Handle, addr: SocketAddr, handler: Handler, limits: Limits) -> std::io::Result<watch::Sender<bool>> {
+pub(crate) fn start(
+    rt: &Handle,
+    addr: SocketAddr,
+    handler: Handler,
+    limits: Limits,
+) -> std::io::Result<watch::Sender<bool>> {
     let std_listener = http::bind(addr)?;
     let (stop_tx, stop_rx) = watch::channel(false);
     let _guard = rt.enter();
@@ -150,10 +159,61 @@ pub fn start(rt: &Handle, addr: SocketAddr, handler: Handler, limits: Limits) ->
     Ok(stop_tx)
 }
 
+/// How often a server whose address cannot be bound tries again (upstream's `wait.Until`
+/// period for the healthz and metrics servers).
+pub(crate) const BIND_RETRY: Duration = Duration::from_secs(5);
+
+/// Serves `handler` on `addr`, and when the address cannot be bound, logs it and tries again
+/// every `retry` until it can (or until the returned switch stops it), as upstream's healthz
+/// and metrics servers do without `--bind-address-hard-fail`.
+pub(crate) fn start_retrying(
+    rt: &Handle,
+    what: &'static str,
+    addr: SocketAddr,
+    handler: Handler,
+    limits: Limits,
+    retry: Duration,
+) -> watch::Sender<bool> {
+    let (stop_tx, mut stop_rx) = watch::channel(false);
+    rt.spawn(async move {
+        loop {
+            let bound = http::bind(addr).and_then(tokio::net::TcpListener::from_std);
+            match bound {
+                Ok(listener) => {
+                    info!(server = what, address = %addr, "serving");
+                    http::serve(listener, handler, limits, stop_rx).await;
+                    return;
+                }
+                Err(e) => error!(
+                    server = what, address = %addr, error = %e, retry_in = ?retry,
+                    "failed to start the {what} server; retrying"
+                ),
+            }
+            tokio::select! {
+                _ = tokio::time::sleep(retry) => {}
+                _ = stop_rx.changed() => return,
+            }
+        }
+    });
+    stop_tx
+}
+
+/// A health-check node port that could not be opened (upstream's
+/// `FailedToStartServiceHealthcheck`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct HealthCheckBindFailure {
+    pub service: NamespacedName,
+    pub port: u16,
+    pub address: IpAddr,
+    pub error: String,
+}
+
 /// The health-check servers of Local-policy LoadBalancer services, kept in step with the plan:
-/// one per service port and node-port address. An address that cannot be bound (its port taken,
-/// even briefly by one of ours still closing) is tried again at the next sync, as upstream does.
-pub struct ServiceHealthServers {
+/// one per service port and node-port address. When an address cannot be bound (its port taken,
+/// even briefly by one of ours still closing), the service's other servers on that port are
+/// closed too and all of them are tried again at the next sync, as upstream does; each failure
+/// is returned so an Event can report it.
+pub(crate) struct ServiceHealthServers {
     rt: Handle,
     health: Arc<ProxyHealth>,
     limits: Limits,
@@ -163,19 +223,26 @@ pub struct ServiceHealthServers {
 
 impl ServiceHealthServers {
     /// No servers yet.
-    pub fn new(rt: Handle, health: Arc<ProxyHealth>, limits: Limits) -> ServiceHealthServers {
+    pub(crate) fn new(rt: Handle, health: Arc<ProxyHealth>, limits: Limits) -> ServiceHealthServers {
         ServiceHealthServers { rt, health, limits, running: BTreeMap::new() }
     }
 
     /// Ports served on at least one address.
-    pub fn ports(&self) -> Vec<u16> {
+    #[cfg(test)]
+    fn ports(&self) -> Vec<u16> {
         self.running.iter().filter(|(_, servers)| !servers.is_empty()).map(|((_, port), _)| *port).collect()
     }
 
     /// Opens servers for new checks and new addresses, and closes those of services that went
     /// away and of former addresses. Addresses are the node-port addresses (every address when
     /// NodePorts match all).
-    pub fn sync(&mut self, checks: &[HealthCheck], v4: &NodePorts, v6: &NodePorts) {
+    pub(crate) fn sync(
+        &mut self,
+        checks: &[HealthCheck],
+        v4: &NodePorts,
+        v6: &NodePorts,
+    ) -> Vec<HealthCheckBindFailure> {
+        let mut failures = Vec::new();
         let wanted: BTreeSet<(NamespacedName, u16)> = checks.iter().map(|c| (c.service.clone(), c.port)).collect();
         let addresses = listen_addresses(v4, v6);
         self.running.retain(|(service, port), servers| {
@@ -202,14 +269,26 @@ impl ServiceHealthServers {
                         info!(service = %service, port, address = %ip, "health-check server open");
                         servers.insert(*ip, stop);
                     }
-                    // Left out of `servers`, so the next sync tries again.
-                    Err(e) => warn!(
-                        service = %service, port, address = %ip, error = %e,
-                        "cannot open health-check server; retrying at the next sync"
-                    ),
+                    Err(e) => {
+                        error!(
+                            service = %service, port, address = %ip, error = %e,
+                            "failed to start healthcheck; closing the service's others and retrying at the next sync"
+                        );
+                        for (_, stop) in std::mem::take(servers) {
+                            let _ = stop.send(true);
+                        }
+                        failures.push(HealthCheckBindFailure {
+                            service: service.clone(),
+                            port,
+                            address: *ip,
+                            error: e.to_string(),
+                        });
+                        break;
+                    }
                 }
             }
         }
+        failures
     }
 }
 
@@ -249,7 +328,7 @@ mod tests {
         bounded(async {
             let h = ProxyHealth::new(Duration::from_secs(60));
             let addr = SocketAddr::from(([127, 0, 0, 1], free_port()));
-            let _stop = start(&Handle::current(), addr, proxier_handler(h), limits()).expect("start");
+            let _stop = start(&Handle::current(), addr, proxier_handler(h, Metrics::new()), limits()).expect("start");
             withstands_hostile_clients(addr, "/healthz", limits()).await;
             let livez = get_path(addr, "/livez").await.expect("livez");
             assert!(livez.starts_with("HTTP/1.1 200"), "{livez}");
@@ -308,10 +387,17 @@ mod tests {
             let v6 = NodePorts::Addresses(Vec::new());
             let on = |addr: SocketAddr| NodePorts::Addresses(vec![addr.ip()]);
             let squatter = std::net::TcpListener::bind(first).expect("bind");
-            servers.sync(&checks, &on(first), &v6);
+            let failures = servers.sync(&checks, &on(first), &v6);
             assert!(servers.ports().is_empty(), "opened on a taken port");
+            assert_eq!(failures.len(), 1, "{failures:?}");
+            assert_eq!((failures[0].service.name.as_str(), failures[0].port), ("lb", port));
+            // Both addresses wanted, one taken: the service's other server is closed too.
+            let both = NodePorts::Addresses(vec![first.ip(), second.ip()]);
+            assert_eq!(servers.sync(&checks, &both, &v6).len(), 1);
+            assert!(servers.ports().is_empty(), "a half-open service");
+            stops_listening(second).await;
             drop(squatter);
-            servers.sync(&checks, &on(first), &v6);
+            assert!(servers.sync(&checks, &on(first), &v6).is_empty());
             assert_eq!(servers.ports(), vec![port], "not retried");
             assert!(get_path(first, "/").await.expect("answer").starts_with("HTTP/1.1 200"));
             servers.sync(&checks, &on(second), &v6);
@@ -341,23 +427,49 @@ mod tests {
         let h = ProxyHealth::new(Duration::from_secs(60));
         let svc = NamespacedName::new("ns", "lb");
         h.updated(&[HealthCheck { service: svc.clone(), port: 30000, local_endpoints: 2 }]);
-        let reply = service_handler(Arc::clone(&h), svc.clone())("GET", "/anything");
+        let reply = service_handler(Arc::clone(&h), svc.clone())("GET", "/anything", "");
         assert_eq!(reply.status, StatusCode::OK);
         let body: serde_json::Value = serde_json::from_str(&reply.body).unwrap();
         assert_eq!(body["localEndpoints"], 2);
         assert_eq!(body["service"]["name"], "lb");
         assert_eq!(body["serviceProxyHealthy"], true);
         h.updated(&[HealthCheck { service: svc.clone(), port: 30000, local_endpoints: 0 }]);
-        assert_eq!(service_handler(Arc::clone(&h), svc)("GET", "/").status, StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(service_handler(Arc::clone(&h), svc)("GET", "/", "").status, StatusCode::SERVICE_UNAVAILABLE);
     }
 
     #[test]
     fn healthz_reports_node_eligibility_but_livez_does_not() {
         let h = ProxyHealth::new(Duration::from_secs(60));
         h.set_node_eligible(false);
-        let handler = proxier_handler(Arc::clone(&h));
-        assert_eq!(handler("GET", "/healthz").status, StatusCode::SERVICE_UNAVAILABLE);
-        assert_eq!(handler("GET", "/livez").status, StatusCode::OK);
-        assert_eq!(handler("GET", "/other").status, StatusCode::NOT_FOUND);
+        let metrics = Metrics::new();
+        let handler = proxier_handler(Arc::clone(&h), Arc::clone(&metrics));
+        assert_eq!(handler("GET", "/healthz", "").status, StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(handler("GET", "/livez", "").status, StatusCode::OK);
+        assert_eq!(handler("GET", "/other", "").status, StatusCode::NOT_FOUND);
+        let text = metrics.encode();
+        assert!(text.contains("kubeproxy_proxy_healthz_total{code=\"503\"} 1"), "{text}");
+        assert!(text.contains("kubeproxy_proxy_livez_total{code=\"200\"} 1"), "{text}");
+    }
+
+    /// A port that is taken is retried every period until it is free.
+    #[tokio::test]
+    async fn a_server_whose_port_is_taken_retries() {
+        bounded(async {
+            let addr = SocketAddr::from(([127, 0, 0, 1], free_port()));
+            let squatter = std::net::TcpListener::bind(addr).expect("bind");
+            let handler: Handler = Arc::new(|_, _, _| Reply::text(StatusCode::OK, "ok"));
+            let _stop = start_retrying(&Handle::current(), "test", addr, handler, limits(), Duration::from_millis(100));
+            tokio::time::sleep(Duration::from_millis(250)).await;
+            drop(squatter);
+            let deadline = Instant::now() + Duration::from_secs(3);
+            loop {
+                if get_path(addr, "/").await.is_some_and(|r| r.ends_with("\r\n\r\nok")) {
+                    break;
+                }
+                assert!(Instant::now() < deadline, "never bound after the port was freed");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        })
+        .await
     }
 }

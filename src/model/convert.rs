@@ -11,28 +11,27 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::net::IpAddr;
 
+use super::api;
 use ipnet::IpNet;
-use k8s_openapi::api::core::v1 as core;
-use k8s_openapi::api::discovery::v1 as discovery;
 
 use super::*;
 
 /// Label naming the proxy that owns an object (upstream skips labelled objects).
-pub const LABEL_SERVICE_PROXY_NAME: &str = "service.kubernetes.io/service-proxy-name";
+pub(crate) const LABEL_SERVICE_PROXY_NAME: &str = "service.kubernetes.io/service-proxy-name";
 /// Label of EndpointSlices of headless services.
-pub const LABEL_HEADLESS: &str = "service.kubernetes.io/headless";
+pub(crate) const LABEL_HEADLESS: &str = "service.kubernetes.io/headless";
 /// Label tying an EndpointSlice to its Service.
-pub const LABEL_SERVICE_NAME: &str = "kubernetes.io/service-name";
+pub(crate) const LABEL_SERVICE_NAME: &str = "kubernetes.io/service-name";
 /// Annotation with the time the endpoints change was triggered.
-pub const ANNOTATION_TRIGGER_TIME: &str = "endpoints.kubernetes.io/last-change-trigger-time";
+pub(crate) const ANNOTATION_TRIGGER_TIME: &str = "endpoints.kubernetes.io/last-change-trigger-time";
 /// Default `sessionAffinityConfig.clientIP.timeoutSeconds`.
-pub const DEFAULT_AFFINITY_SECS: u32 = 10800;
+pub(crate) const DEFAULT_AFFINITY_SECS: u32 = 10800;
 /// Largest timeout the API server accepts.
-pub const MAX_AFFINITY_SECS: u32 = 86400;
+pub(crate) const MAX_AFFINITY_SECS: u32 = 86400;
 
 /// Result of converting one object: the value (if any part is usable) and its problems.
 #[derive(Debug)]
-pub struct Converted<T> {
+pub(crate) struct Converted<T> {
     pub value: Option<T>,
     pub problems: Vec<Problem>,
 }
@@ -68,19 +67,9 @@ impl Checker {
 }
 
 /// Longest DNS-1123 label.
-pub const LABEL_MAX: usize = 63;
+pub(crate) const LABEL_MAX: usize = 63;
 /// Longest DNS-1123 subdomain.
-pub const SUBDOMAIN_MAX: usize = 253;
-
-/// A DNS-1123 label (namespaces, Service names): what upstream may put in chain names.
-pub fn valid_label(s: &str) -> bool {
-    label_error(s).is_none()
-}
-
-/// A DNS-1123 subdomain (EndpointSlice and Node names).
-pub fn valid_subdomain(s: &str) -> bool {
-    subdomain_error(s).is_none()
-}
+pub(crate) const SUBDOMAIN_MAX: usize = 253;
 
 /// What breaks the DNS-1123 label rules in `s`, if anything: "is empty", "is 64 bytes long",
 /// "contains 'é'", "starts or ends with '-'".
@@ -101,7 +90,7 @@ fn label_fault(s: &str) -> Option<String> {
 }
 
 /// Why `s` is not a DNS-1123 label, if it is not one.
-pub fn label_error(s: &str) -> Option<String> {
+pub(crate) fn label_error(s: &str) -> Option<String> {
     label_fault(s).map(|fault| {
         format!(
             "{fault}: a DNS-1123 label is 1-{LABEL_MAX} lower-case ASCII letters, digits or '-', starting and \
@@ -111,7 +100,7 @@ pub fn label_error(s: &str) -> Option<String> {
 }
 
 /// Why `s` is not a DNS-1123 subdomain (dot-separated labels, at most 253 bytes), if it is not.
-pub fn subdomain_error(s: &str) -> Option<String> {
+pub(crate) fn subdomain_error(s: &str) -> Option<String> {
     let fault = if s.len() > SUBDOMAIN_MAX {
         Some(format!("is {} bytes long", s.len()))
     } else {
@@ -127,7 +116,7 @@ pub fn subdomain_error(s: &str) -> Option<String> {
 }
 
 /// An IANA service name (port names): at most 15 lower-case letters, digits and dashes.
-pub fn valid_port_name(s: &str) -> bool {
+pub(crate) fn valid_port_name(s: &str) -> bool {
     s.len() <= 15 && s.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
 }
 
@@ -140,7 +129,7 @@ fn port_number(n: i32) -> Option<u16> {
 }
 
 /// `spec.ipFamilies`, one entry per ClusterIP (`None` for an unknown family, reported).
-fn ip_families(spec: &core::ServiceSpec, c: &mut Checker) -> Vec<Option<IpFamily>> {
+fn ip_families(spec: &api::ServiceSpec, c: &mut Checker) -> Vec<Option<IpFamily>> {
     let mut out = Vec::new();
     for (i, raw) in spec.ip_families.iter().flatten().enumerate() {
         out.push(match raw.as_str() {
@@ -161,12 +150,12 @@ fn has_label(labels: &Option<BTreeMap<String, String>>, key: &str) -> bool {
 
 /// Converts a Service. `Ok(None)`-like results (headless, ExternalName, another proxy's) come
 /// back with no value and no problems.
-pub fn service(svc: &core::Service) -> Converted<ServiceInfo> {
+pub(crate) fn service(svc: &api::Service) -> Converted<ServiceInfo> {
     let meta = &svc.metadata;
     let namespace = meta.namespace.clone().unwrap_or_else(|| "default".to_string());
     let name = meta.name.clone().unwrap_or_default();
     let mut c = Checker {
-        object: ObjectRef { kind: "Service", namespace: Some(namespace.clone()), name: name.clone() },
+        object: ObjectRef { kind: ObjectKind::Service, namespace: Some(namespace.clone()), name: name.clone() },
         problems: Vec::new(),
     };
     // Both end up in nftables object names and comments: anything else is refused here.
@@ -409,12 +398,12 @@ pub fn service(svc: &core::Service) -> Converted<ServiceInfo> {
 }
 
 /// Converts an EndpointSlice.
-pub fn endpoint_slice(slice: &discovery::EndpointSlice) -> Converted<EndpointSliceInfo> {
+pub(crate) fn endpoint_slice(slice: &api::EndpointSlice) -> Converted<EndpointSliceInfo> {
     let meta = &slice.metadata;
     let namespace = meta.namespace.clone().unwrap_or_else(|| "default".to_string());
     let name = meta.name.clone().unwrap_or_default();
     let mut c = Checker {
-        object: ObjectRef { kind: "EndpointSlice", namespace: Some(namespace.clone()), name: name.clone() },
+        object: ObjectRef { kind: ObjectKind::EndpointSlice, namespace: Some(namespace.clone()), name: name.clone() },
         problems: Vec::new(),
     };
     if let Some(e) = label_error(&namespace) {
@@ -528,10 +517,12 @@ pub fn endpoint_slice(slice: &discovery::EndpointSlice) -> Converted<EndpointSli
 }
 
 /// Converts a Node.
-pub fn node(node: &core::Node) -> Converted<NodeInfo> {
+pub(crate) fn node(node: &api::Node) -> Converted<NodeInfo> {
     let name = node.metadata.name.clone().unwrap_or_default();
-    let mut c =
-        Checker { object: ObjectRef { kind: "Node", namespace: None, name: name.clone() }, problems: Vec::new() };
+    let mut c = Checker {
+        object: ObjectRef { kind: ObjectKind::Node, namespace: None, name: name.clone() },
+        problems: Vec::new(),
+    };
     if let Some(e) = subdomain_error(&name) {
         return c.skip("metadata.name", e);
     }
@@ -570,12 +561,86 @@ pub fn node(node: &core::Node) -> Converted<NodeInfo> {
     }))
 }
 
+/// Converts a ServiceCIDR. As the API server validates them: one CIDR per family (so two at most);
+/// a CIDR that cannot be used (unparsable, a second one of a family, host bits set, or a `/0`
+/// that would take in every address) is skipped alone with a problem, the rest kept.
+pub(crate) fn service_cidr(obj: &api::ServiceCidr) -> Converted<ServiceCidrInfo> {
+    let name = obj.metadata.name.clone().unwrap_or_default();
+    let mut c = Checker {
+        object: ObjectRef { kind: ObjectKind::ServiceCidr, namespace: None, name: name.clone() },
+        problems: Vec::new(),
+    };
+    if let Some(e) = subdomain_error(&name) {
+        return c.skip("metadata.name", e);
+    }
+    let raw = obj.spec.as_ref().and_then(|s| s.cidrs.as_ref());
+    let Some(raw) = raw.filter(|r| !r.is_empty()) else { return c.skip("spec.cidrs", "missing: at least one CIDR") };
+    let mut cidrs: Vec<IpNet> = Vec::new();
+    for (i, text) in raw.iter().enumerate() {
+        let field = format!("spec.cidrs[{i}]");
+        let net = match text.trim().parse::<IpNet>() {
+            Ok(net) => net,
+            Err(_) => {
+                c.field(field, format!("invalid CIDR {text:?}"));
+                continue;
+            }
+        };
+        let family = IpFamily::of_net(&net);
+        if let Some(first) = cidrs.iter().position(|n| IpFamily::of_net(n) == family) {
+            c.field(
+                field,
+                format!(
+                    "second {family} CIDR {text:?} (a ServiceCIDR holds one per family; first in spec.cidrs[{first}])"
+                ),
+            );
+            continue;
+        }
+        if net.prefix_len() == 0 {
+            c.field(field, format!("{text:?} covers every {family} address"));
+            continue;
+        }
+        if net.trunc() != net {
+            c.field(field, format!("{text:?} has host bits set (the range is {})", net.trunc()));
+            continue;
+        }
+        cidrs.push(net);
+    }
+    if cidrs.is_empty() {
+        return c.skip("spec.cidrs", "no usable CIDR");
+    }
+    c.done(Some(ServiceCidrInfo { name, cidrs }))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    fn svc(yaml: &str) -> core::Service {
-        serde_saphyr::from_str(yaml).unwrap()
+    #[test]
+    fn service_cidrs_keep_one_good_range_per_family() {
+        let parse = |yaml: &str| service_cidr(&serde_yaml_ng::from_str::<api::ServiceCidr>(yaml).unwrap());
+        let c = parse("metadata: {name: kubernetes}\nspec: {cidrs: [10.96.0.0/16, \"fd00:96::/112\"]}\n");
+        assert_eq!(c.value.unwrap().cidrs.len(), 2);
+        assert!(c.problems.is_empty());
+
+        let c = parse("metadata: {name: extra}\nspec: {cidrs: [10.96.0.0/16, 10.97.0.0/16]}\n");
+        assert_eq!(c.value.unwrap().cidrs, vec!["10.96.0.0/16".parse::<IpNet>().unwrap()]);
+        assert_eq!(c.problems.len(), 1);
+        assert_eq!(c.problems[0].field, "spec.cidrs[1]");
+        assert!(c.problems[0].reason.contains("second IPv4"), "{:?}", c.problems);
+
+        for (bad, why) in [("10.96.0.1/16", "host bits"), ("bogus", "invalid CIDR"), ("0.0.0.0/0", "every")] {
+            let c = parse(&format!("metadata: {{name: b}}\nspec: {{cidrs: [\"{bad}\", \"fd00::/108\"]}}\n"));
+            assert_eq!(c.value.unwrap().cidrs, vec!["fd00::/108".parse::<IpNet>().unwrap()], "{bad}");
+            assert!(c.problems[0].reason.contains(why) && !c.problems[0].object_skipped, "{:?}", c.problems);
+        }
+        let c = parse("metadata: {name: empty}\nspec: {cidrs: []}\n");
+        assert!(c.value.is_none() && c.problems[0].object_skipped);
+        let c = parse("metadata: {name: Bad_Name}\nspec: {cidrs: [10.0.0.0/24]}\n");
+        assert!(c.value.is_none() && c.problems[0].field == "metadata.name");
+    }
+
+    fn svc(yaml: &str) -> api::Service {
+        serde_yaml_ng::from_str(yaml).unwrap()
     }
 
     #[test]
@@ -639,7 +704,7 @@ spec:
 
     #[test]
     fn slice_endpoints_of_the_wrong_family_are_skipped() {
-        let s: discovery::EndpointSlice = serde_saphyr::from_str(
+        let s: api::EndpointSlice = serde_yaml_ng::from_str(
             r#"
 metadata: {name: web-abc, namespace: ns, labels: {kubernetes.io/service-name: web}}
 addressType: IPv4

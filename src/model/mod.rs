@@ -1,11 +1,12 @@
 //! Kubernetes objects as nftproxy needs them: Services split into service ports, EndpointSlices
-//! merged into endpoints per service port, and this node's Node.
+//! merged into endpoints per service port, this node's Node, and the ServiceCIDRs.
 //!
 //! [`ClusterState`] is the in-memory state the reconciler keeps. Converting from the API types
-//! ([`convert`]) validates every field; a bad field is skipped alone and reported as a
+//! (`convert`) validates every field; a bad field is skipped alone and reported as a
 //! [`Problem`], so one malformed object never blocks the rest.
 
-pub mod convert;
+pub mod api;
+pub(crate) mod convert;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
@@ -169,10 +170,53 @@ impl NodeInfo {
     }
 }
 
+/// A ServiceCIDR: ranges ClusterIPs are allocated from (one per family at most).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ServiceCidrInfo {
+    pub name: String,
+    pub cidrs: Vec<IpNet>,
+}
+
+/// The kinds of Kubernetes objects nftproxy reads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum ObjectKind {
+    Service,
+    EndpointSlice,
+    Node,
+    ServiceCidr,
+}
+
+impl ObjectKind {
+    /// The kind as the API names it.
+    pub fn name(self) -> &'static str {
+        match self {
+            ObjectKind::Service => "Service",
+            ObjectKind::EndpointSlice => "EndpointSlice",
+            ObjectKind::Node => "Node",
+            ObjectKind::ServiceCidr => "ServiceCIDR",
+        }
+    }
+
+    /// The API group and version the kind lives in.
+    pub fn api_version(self) -> &'static str {
+        match self {
+            ObjectKind::Service | ObjectKind::Node => "v1",
+            ObjectKind::EndpointSlice => "discovery.k8s.io/v1",
+            ObjectKind::ServiceCidr => "networking.k8s.io/v1",
+        }
+    }
+}
+
+impl fmt::Display for ObjectKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
 /// Which Kubernetes object something came from.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct ObjectRef {
-    pub kind: &'static str,
+    pub kind: ObjectKind,
     pub namespace: Option<String>,
     pub name: String,
 }
@@ -252,6 +296,8 @@ pub struct ClusterState {
     /// Which service each slice was filed under (a slice can be relabelled).
     slice_owner: BTreeMap<NamespacedName, NamespacedName>,
     node: Option<Arc<NodeInfo>>,
+    /// ServiceCIDRs by name.
+    service_cidrs: BTreeMap<String, ServiceCidrInfo>,
 }
 
 impl ClusterState {
@@ -305,15 +351,51 @@ impl ClusterState {
         Some(service)
     }
 
-    /// Removes every service.
-    pub fn clear_services(&mut self) {
-        self.services.clear();
+    /// Replaces every service with `list` (a later entry of a name replaces an earlier one).
+    /// Returns the services that changed: added, removed or different.
+    pub fn replace_services(&mut self, list: Vec<ServiceInfo>) -> Vec<NamespacedName> {
+        let mut new: BTreeMap<NamespacedName, Arc<ServiceInfo>> = BTreeMap::new();
+        for info in list {
+            // An unchanged service keeps its shared copy (programmed snapshots point at it).
+            let shared = match self.services.get(&info.name) {
+                Some(old) if **old == info => old.clone(),
+                _ => Arc::new(info),
+            };
+            new.insert(shared.name.clone(), shared);
+        }
+        let changed = self.services.keys().chain(new.keys()).filter(|n| self.services.get(*n) != new.get(*n)).cloned();
+        let changed: BTreeSet<NamespacedName> = changed.collect();
+        self.services = new;
+        changed.into_iter().collect()
     }
 
-    /// Removes every EndpointSlice.
-    pub fn clear_slices(&mut self) {
-        self.slices.clear();
-        self.slice_owner.clear();
+    /// Replaces every EndpointSlice with `list`. Returns the services whose slices changed.
+    pub fn replace_slices(&mut self, list: Vec<EndpointSliceInfo>) -> Vec<NamespacedName> {
+        let mut fresh = ClusterState::default();
+        for slice in list {
+            let unchanged =
+                self.slices.get(&slice.service).and_then(|m| m.get(&slice.name)).filter(|old| ***old == slice);
+            match unchanged {
+                Some(old) => {
+                    let old = old.clone();
+                    fresh.slice_owner.insert(old.name.clone(), old.service.clone());
+                    fresh.slices.entry(old.service.clone()).or_default().insert(old.name.clone(), old);
+                }
+                None => {
+                    fresh.upsert_slice(slice);
+                }
+            }
+        }
+        let changed: BTreeSet<NamespacedName> = self
+            .slices
+            .keys()
+            .chain(fresh.slices.keys())
+            .filter(|n| self.slices.get(*n) != fresh.slices.get(*n))
+            .cloned()
+            .collect();
+        self.slices = fresh.slices;
+        self.slice_owner = fresh.slice_owner;
+        changed.into_iter().collect()
     }
 
     /// Sets (or clears) this node's Node. Returns whether it changed.
@@ -328,6 +410,50 @@ impl ClusterState {
     /// This node, if its Node object is known.
     pub fn node(&self) -> Option<&NodeInfo> {
         self.node.as_deref()
+    }
+
+    /// Adds or replaces a ServiceCIDR. Returns whether the ranges changed.
+    pub fn upsert_service_cidr(&mut self, cidr: ServiceCidrInfo) -> bool {
+        let before = self.all_service_cidrs();
+        self.service_cidrs.insert(cidr.name.clone(), cidr);
+        before != self.all_service_cidrs()
+    }
+
+    /// Removes a ServiceCIDR. Returns whether the ranges changed.
+    pub fn remove_service_cidr(&mut self, name: &str) -> bool {
+        let before = self.all_service_cidrs();
+        self.service_cidrs.remove(name);
+        before != self.all_service_cidrs()
+    }
+
+    /// Replaces every ServiceCIDR with `list`. Returns whether the ranges changed.
+    pub fn replace_service_cidrs(&mut self, list: Vec<ServiceCidrInfo>) -> bool {
+        let before = self.all_service_cidrs();
+        self.service_cidrs = list.into_iter().map(|c| (c.name.clone(), c)).collect();
+        before != self.all_service_cidrs()
+    }
+
+    /// Number of ServiceCIDR objects.
+    pub fn service_cidr_count(&self) -> usize {
+        self.service_cidrs.len()
+    }
+
+    /// The ranges of every ServiceCIDR in one family, merged (objects may overlap, as when a
+    /// range is being replaced by a larger one: upstream takes their union too).
+    pub fn service_cidrs(&self, family: IpFamily) -> Vec<IpNet> {
+        let nets: Vec<IpNet> = self
+            .service_cidrs
+            .values()
+            .flat_map(|c| c.cidrs.iter().copied())
+            .filter(|n| IpFamily::of_net(n) == family)
+            .collect();
+        IpNet::aggregate(&nets)
+    }
+
+    fn all_service_cidrs(&self) -> Vec<IpNet> {
+        let mut out = self.service_cidrs(IpFamily::V4);
+        out.extend(self.service_cidrs(IpFamily::V6));
+        out
     }
 
     /// All services.

@@ -29,14 +29,14 @@ const CTA_PROTO_DST_PORT: u16 = 3;
 
 /// One direction of a connection: source and destination.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub struct Tuple {
+pub(crate) struct Tuple {
     pub src: SocketAddr,
     pub dst: SocketAddr,
 }
 
 /// A conntrack entry: protocol, original and reply tuples.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub struct Flow {
+pub(crate) struct Flow {
     pub protocol: u8,
     pub original: Tuple,
     pub reply: Tuple,
@@ -200,24 +200,24 @@ fn parse_flow(msg: &[u8]) -> Option<Flow> {
 }
 
 /// A ctnetlink connection.
-pub struct Conntrack {
+pub(crate) struct Conntrack {
     socket: Socket,
 }
 
 impl Conntrack {
     /// Opens a ctnetlink socket in the current network namespace.
-    pub fn open() -> Result<Conntrack, NetlinkError> {
+    pub(crate) fn open() -> Result<Conntrack, NetlinkError> {
         let socket = Socket::open()?;
         socket.size_buffers(1 << 20, 8 << 20);
         Ok(Conntrack { socket })
     }
 
     /// Every flow of `family` whose protocol is in `protocols`.
-    pub fn flows(&mut self, family: IpFamily, protocols: &[u8]) -> Result<Vec<Flow>, NetlinkError> {
+    pub(crate) fn flows(&mut self, family: IpFamily, protocols: &[u8]) -> Result<Vec<Flow>, NetlinkError> {
         let seq = self.socket.next_seq();
         let req = Message::new(IPCTNL_MSG_CT_GET, NLM_F_REQUEST | NLM_F_DUMP, seq, family).finish();
         let mut out = Vec::new();
-        self.socket.dump(&req, seq, |msg| {
+        self.socket.exchange(&req, seq, |msg| {
             if let Some(f) = parse_flow(msg)
                 && protocols.contains(&f.protocol)
             {
@@ -230,7 +230,7 @@ impl Conntrack {
 
     /// Deletes these flows by their original tuple. Returns how many the kernel removed (an
     /// entry may have expired meanwhile).
-    pub fn delete(&mut self, family: IpFamily, flows: &[Flow]) -> Result<usize, NetlinkError> {
+    pub(crate) fn delete(&mut self, family: IpFamily, flows: &[Flow]) -> Result<usize, NetlinkError> {
         if flows.is_empty() {
             return Ok(0);
         }

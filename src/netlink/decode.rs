@@ -11,58 +11,44 @@ use indexmap::IndexMap;
 use nftnl_sys as sys;
 
 use super::NetlinkError;
-use super::socket::Socket;
-use super::sys::{self as raw, ExprRef, msg};
+use super::socket::{NLM_F_ACK, NLM_F_DUMP, Socket};
+use super::sys::{self as raw, Body, ExprRef, msg};
 use crate::net::IpFamily;
 use crate::nft::ast::Owner;
 use crate::nft::lower::nfproto;
 use crate::nft::wire::consts::*;
 use crate::nft::wire::*;
 
-pub(super) const NLM_F_DUMP: u16 = 0x300;
-const NLM_F_ACK: u16 = 0x4;
-
 pub(super) fn a(attr: u32) -> u16 {
     u16::try_from(attr).unwrap_or(u16::MAX)
 }
 
-/// Builds a request message (GET…) for `obj` in an aligned buffer.
-pub(super) fn request(
-    kind: u16,
-    family: u16,
-    flags: u16,
-    seq: u32,
-    write: impl FnOnce(*mut libc::nlmsghdr),
-) -> Vec<u8> {
-    let mut buf = vec![0u32; 2048];
-    #[allow(unsafe_code)]
-    // SAFETY: 8 KiB is more than any GET request with a table and object name needs.
-    let len = unsafe {
-        let nlh = raw::build_header(buf.as_mut_ptr().cast(), kind, family, flags, seq);
-        write(nlh);
-        (*nlh).nlmsg_len as usize
-    };
-    let bytes: Vec<u8> = buf.iter().flat_map(|w| w.to_ne_bytes()).collect();
-    bytes[..len].to_vec()
+/// Reads table `name` of `family`, or `None` if it does not exist. A table another live process
+/// owns is an error ([`NetlinkError::OwnedElsewhere`]): every change to it would be refused.
+pub(super) fn read_table(sock: &mut Socket, family: IpFamily, name: &str) -> Result<Option<WireTable>, NetlinkError> {
+    read(sock, family, name, true)
 }
 
-/// Reads table `name` of `family`, or `None` if it does not exist.
-pub fn read_table(sock: &mut Socket, family: IpFamily, name: &str) -> Result<Option<WireTable>, NetlinkError> {
+/// Reads the sets and maps of table `name` of `family` (no chains or rules) whoever owns it,
+/// only to look at them (`nftproxy trace` naming what a running `nftproxy run` programmed).
+pub(super) fn inspect_sets(sock: &mut Socket, family: IpFamily, name: &str) -> Result<Option<WireTable>, NetlinkError> {
+    read(sock, family, name, false)
+}
+
+/// Reads a table; `claiming`: the caller will change it (so another owner is an error), and
+/// wants its chains and rules too.
+fn read(sock: &mut Socket, family: IpFamily, name: &str, claiming: bool) -> Result<Option<WireTable>, NetlinkError> {
     let fam = u16::try_from(nfproto(family)).unwrap_or(2);
 
     // The table itself (a plain GET; ENOENT means absent).
     let mut t = raw::Table::new()?;
     t.set_str(a(sys::NFTNL_TABLE_NAME), name)?;
     t.set_u32(a(sys::NFTNL_TABLE_FAMILY), u32::from(fam));
-    let seq = sock.next_seq();
-    #[allow(unsafe_code)]
-    // SAFETY: the header was just built in a buffer large enough for the payload.
-    let req = request(msg::GETTABLE, fam, NLM_F_ACK, seq, |nlh| unsafe { raw::table_payload(nlh, &t) });
     let mut table: Option<(u32, Option<Vec<u8>>, Option<u32>)> = None;
-    match sock.dump(&req, seq, |msg| {
-        let nlh: *const libc::nlmsghdr = msg.as_ptr().cast();
-        let mut got = raw::Table::new()?;
-        if raw::parse_table(nlh, &mut got) && got.get_str(a(sys::NFTNL_TABLE_NAME)).as_deref() == Some(name) {
+    match sock.query(msg::GETTABLE, fam, NLM_F_ACK, Body::Table(&t), |msg| {
+        if let Some(got) = msg.table()
+            && got.get_str(a(sys::NFTNL_TABLE_NAME)).as_deref() == Some(name)
+        {
             table = Some((
                 got.get_u32(a(sys::NFTNL_TABLE_FLAGS)).unwrap_or(0),
                 got.get_data(a(sys::NFTNL_TABLE_USERDATA)),
@@ -78,7 +64,8 @@ pub fn read_table(sock: &mut Socket, family: IpFamily, name: &str) -> Result<Opt
     let Some((flags, userdata, owner)) = table else { return Ok(None) };
     // Another live process owns the table: every change would be refused (EPERM), so say who
     // instead of planning against it. (The kernel drops the owner flag when its owner exits.)
-    if flags & TABLE_F_OWNER != 0
+    if claiming
+        && flags & TABLE_F_OWNER != 0
         && let Some(port) = owner
         && port != sock.port_id()
     {
@@ -88,8 +75,10 @@ pub fn read_table(sock: &mut Socket, family: IpFamily, name: &str) -> Result<Opt
 
     let mut wire =
         WireTable { family, name: name.to_string(), flags, userdata, sets: IndexMap::new(), chains: IndexMap::new() };
-    read_chains(sock, fam, &mut wire)?;
-    read_rules(sock, fam, &mut wire)?;
+    if claiming {
+        read_chains(sock, fam, &mut wire)?;
+        read_rules(sock, fam, &mut wire)?;
+    }
     read_sets(sock, fam, &mut wire)?;
     Ok(Some(wire))
 }
@@ -98,15 +87,10 @@ fn read_chains(sock: &mut Socket, fam: u16, wire: &mut WireTable) -> Result<(), 
     let mut filter = raw::Chain::new()?;
     filter.set_str(a(sys::NFTNL_CHAIN_TABLE), &wire.name)?;
     filter.set_u32(a(sys::NFTNL_CHAIN_FAMILY), u32::from(fam));
-    let seq = sock.next_seq();
-    #[allow(unsafe_code)]
-    // SAFETY: the header was just built in a buffer large enough for the payload.
-    let req = request(msg::GETCHAIN, fam, NLM_F_DUMP, seq, |nlh| unsafe { raw::chain_payload(nlh, &filter) });
     let table = wire.name.clone();
-    sock.dump(&req, seq, |msg| {
-        let nlh: *const libc::nlmsghdr = msg.as_ptr().cast();
-        let mut c = raw::Chain::new()?;
-        if !raw::parse_chain(nlh, &mut c) || c.get_str(a(sys::NFTNL_CHAIN_TABLE)).as_deref() != Some(&table) {
+    sock.query(msg::GETCHAIN, fam, NLM_F_DUMP, Body::Chain(&filter), |msg| {
+        let Some(c) = msg.chain() else { return Ok(()) };
+        if c.get_str(a(sys::NFTNL_CHAIN_TABLE)).as_deref() != Some(&table) {
             return Ok(());
         }
         let Some(name) = c.get_str(a(sys::NFTNL_CHAIN_NAME)) else { return Ok(()) };
@@ -134,15 +118,10 @@ fn read_rules(sock: &mut Socket, fam: u16, wire: &mut WireTable) -> Result<(), N
     let mut filter = raw::Rule::new()?;
     filter.set_str(a(sys::NFTNL_RULE_TABLE), &wire.name)?;
     filter.set_u32(a(sys::NFTNL_RULE_FAMILY), u32::from(fam));
-    let seq = sock.next_seq();
-    #[allow(unsafe_code)]
-    // SAFETY: the header was just built in a buffer large enough for the payload.
-    let req = request(msg::GETRULE, fam, NLM_F_DUMP, seq, |nlh| unsafe { raw::rule_payload(nlh, &filter) });
     let table = wire.name.clone();
-    sock.dump(&req, seq, |msg| {
-        let nlh: *const libc::nlmsghdr = msg.as_ptr().cast();
-        let mut r = raw::Rule::new()?;
-        if !raw::parse_rule(nlh, &mut r) || r.get_str(a(sys::NFTNL_RULE_TABLE)).as_deref() != Some(&table) {
+    sock.query(msg::GETRULE, fam, NLM_F_DUMP, Body::Rule(&filter), |msg| {
+        let Some(r) = msg.rule() else { return Ok(()) };
+        if r.get_str(a(sys::NFTNL_RULE_TABLE)).as_deref() != Some(&table) {
             return Ok(());
         }
         let Some(chain) = r.get_str(a(sys::NFTNL_RULE_CHAIN)) else { return Ok(()) };
@@ -161,16 +140,11 @@ fn read_sets(sock: &mut Socket, fam: u16, wire: &mut WireTable) -> Result<(), Ne
     let mut filter = raw::Set::new()?;
     filter.set_str(a(sys::NFTNL_SET_TABLE), &wire.name)?;
     filter.set_u32(a(sys::NFTNL_SET_FAMILY), u32::from(fam));
-    let seq = sock.next_seq();
-    #[allow(unsafe_code)]
-    // SAFETY: the header was just built in a buffer large enough for the payload.
-    let req = request(msg::GETSET, fam, NLM_F_DUMP, seq, |nlh| unsafe { raw::set_payload(nlh, &filter) });
     let table = wire.name.clone();
     let mut sets = Vec::new();
-    sock.dump(&req, seq, |msg| {
-        let nlh: *const libc::nlmsghdr = msg.as_ptr().cast();
-        let mut s = raw::Set::new()?;
-        if !raw::parse_set(nlh, &mut s) || s.get_str(a(sys::NFTNL_SET_TABLE)).as_deref() != Some(&table) {
+    sock.query(msg::GETSET, fam, NLM_F_DUMP, Body::Set(&filter), |msg| {
+        let Some(s) = msg.set() else { return Ok(()) };
+        if s.get_str(a(sys::NFTNL_SET_TABLE)).as_deref() != Some(&table) {
             return Ok(());
         }
         let Some(name) = s.get_str(a(sys::NFTNL_SET_NAME)) else { return Ok(()) };
@@ -213,21 +187,13 @@ fn read_elements(sock: &mut Socket, fam: u16, table: &str, set: &mut WireSet) ->
     filter.set_str(a(sys::NFTNL_SET_TABLE), table)?;
     filter.set_str(a(sys::NFTNL_SET_NAME), &set.name)?;
     filter.set_u32(a(sys::NFTNL_SET_FAMILY), u32::from(fam));
-    let seq = sock.next_seq();
-    #[allow(unsafe_code)]
-    // SAFETY: the header was just built in a buffer large enough for the payload.
-    let req = request(msg::GETSETELEM, fam, NLM_F_DUMP, seq, |nlh| unsafe { raw::set_elems_payload(nlh, &filter) });
     let mut comments: HashMap<Vec<u8>, (Arc<[u8]>, Owner)> = HashMap::new();
     // Collected first and built into the map at once: a map built from sorted elements has
     // full nodes, one filled element by element (the kernel's dump order) about half-full
     // ones, which at a cluster's hundreds of thousands of elements is tens of MB.
     let mut elements: Vec<(WireKey, WireElement)> = Vec::new();
-    sock.dump(&req, seq, |msg| {
-        let nlh: *const libc::nlmsghdr = msg.as_ptr().cast();
-        let mut s = raw::Set::new()?;
-        if !raw::parse_set_elems(nlh, &mut s) {
-            return Ok(());
-        }
+    sock.query(msg::GETSETELEM, fam, NLM_F_DUMP, Body::SetElements(&filter), |msg| {
+        let Some(s) = msg.set_elements() else { return Ok(()) };
         s.for_each_elem(|e| {
             let Some(key) = e.data(a(sys::NFTNL_SET_ELEM_KEY)) else { return };
             let interval_end = e.u32(a(sys::NFTNL_SET_ELEM_FLAGS)).unwrap_or(0) & ELEM_INTERVAL_END != 0;
@@ -245,8 +211,8 @@ fn read_elements(sock: &mut Socket, fam: u16, table: &str, set: &mut WireSet) ->
                     let (blob, owner) = comments
                         .entry(u)
                         .or_insert_with_key(|u| {
-                            let owner =
-                                udata::find_comment(u, udata::COMMENT).map_or_else(Owner::infrastructure, Owner::new);
+                            let owner = udata::find_comment(u, udata::COMMENT)
+                                .map_or_else(Owner::infrastructure, |c| Owner::from_comment(&c));
                             (Arc::from(u.as_slice()), owner)
                         })
                         .clone();

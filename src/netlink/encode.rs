@@ -4,17 +4,15 @@
 //! overflow the receive buffer), except BATCH_BEGIN/END, which the `nftnl` crate flags on
 //! kernels that honour it (≥ 6.10): END's ACK is the commit signal.
 
-use std::cell::Cell;
 use std::collections::HashMap;
-use std::ffi::c_void;
 
-use nftnl::{Batch, FinalizedBatch, MsgType, NlMsg};
+use nftnl::{Batch, FinalizedBatch, MsgType};
 use nftnl_sys as sys;
 
 use super::NetlinkError;
-use super::sys::{self as raw, msg};
+use super::sys::{self as raw, BatchMessage, Object, msg};
 use crate::nft::ast::Owner;
-use crate::nft::diff::{Op, OpKind, OpSink, Transaction};
+use crate::nft::diff::{Op, OpKind, OpSink, OpTag, Transaction};
 use crate::nft::lower::nfproto;
 use crate::nft::wire::*;
 
@@ -27,9 +25,11 @@ const ELEMENT_MESSAGE_BUDGET: usize = 32 * 1024;
 /// What one message in the batch was for (kept after the operation itself is gone, so a
 /// refused message can still be named and blamed).
 #[derive(Debug, Clone)]
-pub struct MessageInfo {
+pub(super) struct MessageInfo {
     pub seq: u32,
     pub op_index: usize,
+    /// What the operation does.
+    pub tag: OpTag,
     /// The operation, as text (`add rule ip nftproxy services`).
     pub op: Box<str>,
     /// Whom the message is for: the owner of each element, in message order, for element
@@ -40,7 +40,7 @@ pub struct MessageInfo {
 }
 
 /// A finalized batch and what each message in it was for.
-pub struct EncodedBatch {
+pub(super) struct EncodedBatch {
     pub batch: FinalizedBatch,
     pub messages: Vec<MessageInfo>,
     /// Whether BATCH_END asks for an ACK (kernel ≥ 6.10), and its seq.
@@ -50,48 +50,12 @@ pub struct EncodedBatch {
     pub ops: usize,
 }
 
-enum Body {
-    Table(raw::Table),
-    Chain(raw::Chain),
-    Rule(raw::Rule),
-    Set(raw::Set),
-    Elems(raw::Set),
-}
-
-struct Message {
-    kind: u16,
-    family: u16,
-    flags: u16,
-    body: Body,
-    seq: Cell<u32>,
-}
-
-// SAFETY: `write` builds exactly one message whose size is bounded: element messages are cut to
-// ELEMENT_MESSAGE_BUDGET, and other objects are far below `nft_nlmsg_maxsize()`.
-#[allow(unsafe_code)]
-unsafe impl NlMsg for Message {
-    unsafe fn write(&self, buf: *mut c_void, seq: u32, _: MsgType) {
-        self.seq.set(seq);
-        // SAFETY: the batch hands us a buffer of `nft_nlmsg_maxsize()` bytes.
-        unsafe {
-            let nlh = raw::build_header(buf, self.kind, self.family, self.flags, seq);
-            match &self.body {
-                Body::Table(t) => raw::table_payload(nlh, t),
-                Body::Chain(c) => raw::chain_payload(nlh, c),
-                Body::Rule(r) => raw::rule_payload(nlh, r),
-                Body::Set(s) => raw::set_payload(nlh, s),
-                Body::Elems(s) => raw::set_elems_payload(nlh, s),
-            }
-        }
-    }
-}
-
 fn u16_attr(attr: u32) -> u16 {
     u16::try_from(attr).unwrap_or(u16::MAX)
 }
 
 /// Encodes a transaction into one batch.
-pub fn encode(tx: &Transaction) -> Result<EncodedBatch, NetlinkError> {
+pub(super) fn encode(tx: &Transaction) -> Result<EncodedBatch, NetlinkError> {
     let mut writer = BatchWriter::new();
     for op in &tx.ops {
         writer.write(op);
@@ -102,7 +66,7 @@ pub fn encode(tx: &Transaction) -> Result<EncodedBatch, NetlinkError> {
 /// Encodes operations one by one into one batch: each message is written into the batch as
 /// soon as it is built, so neither libnftnl's objects (one per element) nor the operations
 /// themselves pile up: a streamed full sync holds only the batch's bytes.
-pub struct BatchWriter {
+pub(super) struct BatchWriter {
     batch: Batch,
     messages: Vec<MessageInfo>,
     /// Set ids of the sets added in this batch, for rules that look them up before the commit.
@@ -127,7 +91,7 @@ impl OpSink for BatchWriter {
 
 impl BatchWriter {
     /// An empty batch.
-    pub fn new() -> BatchWriter {
+    pub(super) fn new() -> BatchWriter {
         BatchWriter {
             batch: Batch::new(),
             messages: Vec::new(),
@@ -139,7 +103,7 @@ impl BatchWriter {
     }
 
     /// Encodes one operation (the first encoding error is kept and returned by `finish`).
-    pub fn write(&mut self, op: &Op) {
+    pub(super) fn write(&mut self, op: &Op) {
         if self.error.is_some() {
             return;
         }
@@ -151,7 +115,7 @@ impl BatchWriter {
     }
 
     /// The finalized batch, or the first encoding error.
-    pub fn finish(self) -> Result<EncodedBatch, NetlinkError> {
+    pub(super) fn finish(self) -> Result<EncodedBatch, NetlinkError> {
         if let Some(e) = self.error {
             return Err(e);
         }
@@ -170,12 +134,19 @@ impl BatchWriter {
         let (batch, messages, set_ids) = (&mut self.batch, &mut self.messages, &mut self.set_ids);
         let mut label: Option<Box<str>> = None;
         let mut push = |kind, flags, body, owners: Option<Vec<Owner>>| {
-            let message = Message { kind, family, flags, body, seq: Cell::new(0) };
+            let message = BatchMessage::new(kind, family, flags, body);
             batch.add(&message, MsgType::Add);
             let op_text = label.get_or_insert_with(|| op.to_string().into_boxed_str()).clone();
             let elements = owners.is_some();
             let owners = owners.unwrap_or_else(|| vec![op.owner.clone()]);
-            messages.push(MessageInfo { seq: message.seq.get(), op_index: index, op: op_text, owners, elements });
+            messages.push(MessageInfo {
+                seq: message.seq(),
+                op_index: index,
+                tag: op.kind.tag(),
+                op: op_text,
+                owners,
+                elements,
+            });
         };
         match &op.kind {
             OpKind::AddTable { flags, userdata } => {
@@ -184,10 +155,10 @@ impl BatchWriter {
                 if let Some(ud) = userdata {
                     t.set_data(u16_attr(sys::NFTNL_TABLE_USERDATA), ud);
                 }
-                push(msg::NEWTABLE, NLM_F_CREATE, Body::Table(t), None);
+                push(msg::NEWTABLE, NLM_F_CREATE, Object::Table(t), None);
             }
             OpKind::DeleteTable => {
-                push(msg::DELTABLE, 0, Body::Table(table_obj(table, family)?), None);
+                push(msg::DELTABLE, 0, Object::Table(table_obj(table, family)?), None);
             }
             OpKind::AddChain { chain, hook, userdata } => {
                 let mut c = chain_obj(table, family, chain)?;
@@ -200,17 +171,25 @@ impl BatchWriter {
                 if let Some(ud) = userdata {
                     c.set_data(u16_attr(sys::NFTNL_CHAIN_USERDATA), ud);
                 }
-                push(msg::NEWCHAIN, NLM_F_CREATE, Body::Chain(c), None);
+                push(msg::NEWCHAIN, NLM_F_CREATE, Object::Chain(c), None);
             }
             OpKind::FlushChain { chain } => {
                 let mut r = raw::Rule::new()?;
                 r.set_str(u16_attr(sys::NFTNL_RULE_TABLE), table)?;
                 r.set_str(u16_attr(sys::NFTNL_RULE_CHAIN), chain)?;
                 r.set_u32(u16_attr(sys::NFTNL_RULE_FAMILY), u32::from(family));
-                push(msg::DELRULE, 0, Body::Rule(r), None);
+                push(msg::DELRULE, 0, Object::Rule(r), None);
             }
             OpKind::DeleteChain { chain } => {
-                push(msg::DELCHAIN, 0, Body::Chain(chain_obj(table, family, chain)?), None);
+                push(msg::DELCHAIN, 0, Object::Chain(chain_obj(table, family, chain)?), None);
+            }
+            OpKind::DeleteRule { chain, handle } => {
+                let mut r = raw::Rule::new()?;
+                r.set_str(u16_attr(sys::NFTNL_RULE_TABLE), table)?;
+                r.set_str(u16_attr(sys::NFTNL_RULE_CHAIN), chain)?;
+                r.set_u32(u16_attr(sys::NFTNL_RULE_FAMILY), u32::from(family));
+                r.set_u64(u16_attr(sys::NFTNL_RULE_HANDLE), *handle);
+                push(msg::DELRULE, 0, Object::Rule(r), None);
             }
             OpKind::AddRule { chain, rule } => {
                 let mut r = raw::Rule::new()?;
@@ -224,7 +203,7 @@ impl BatchWriter {
                 if let Some(ud) = &rule.userdata {
                     r.set_data(u16_attr(sys::NFTNL_RULE_USERDATA), ud);
                 }
-                push(msg::NEWRULE, NLM_F_CREATE | NLM_F_APPEND, Body::Rule(r), None);
+                push(msg::NEWRULE, NLM_F_CREATE | NLM_F_APPEND, Object::Rule(r), None);
             }
             OpKind::AddSet { set, spec } => {
                 let id = self.next_set_id;
@@ -245,10 +224,10 @@ impl BatchWriter {
                     s.set_data(u16_attr(sys::NFTNL_SET_USERDATA), ud);
                 }
                 s.set_u32(u16_attr(sys::NFTNL_SET_ID), id);
-                push(msg::NEWSET, NLM_F_CREATE, Body::Set(s), None);
+                push(msg::NEWSET, NLM_F_CREATE, Object::Set(s), None);
             }
             OpKind::DeleteSet { set } => {
-                push(msg::DELSET, 0, Body::Set(set_obj(table, family, set)?), None);
+                push(msg::DELSET, 0, Object::Set(set_obj(table, family, set)?), None);
             }
             OpKind::AddElements { set, elements } => {
                 let id = set_ids.get(&(family, table.to_string(), set.clone())).copied();
@@ -262,7 +241,7 @@ impl BatchWriter {
                         s.add_elem(encode_element(key, Some(element))?);
                         owners.push(element.owner.clone());
                     }
-                    push(msg::NEWSETELEM, NLM_F_CREATE, Body::Elems(s), Some(owners));
+                    push(msg::NEWSETELEM, NLM_F_CREATE, Object::SetElements(s), Some(owners));
                 }
             }
             OpKind::DeleteElements { set, keys } => {
@@ -273,7 +252,7 @@ impl BatchWriter {
                         s.add_elem(encode_element(key, None)?);
                         owners.push(owner.clone());
                     }
-                    push(msg::DELSETELEM, 0, Body::Elems(s), Some(owners));
+                    push(msg::DELSETELEM, 0, Object::SetElements(s), Some(owners));
                 }
             }
         }
@@ -364,7 +343,7 @@ fn payload_base(base: PayloadBase) -> u32 {
     }
 }
 
-fn encode_expr(expr: &LowExpr, set_id: impl Fn(&str) -> Option<u32>) -> Result<raw::Expr, NetlinkError> {
+pub(super) fn encode_expr(expr: &LowExpr, set_id: impl Fn(&str) -> Option<u32>) -> Result<raw::Expr, NetlinkError> {
     let a = |attr: u32| u16::try_from(attr).unwrap_or(u16::MAX);
     let e = match expr {
         LowExpr::Payload { base, offset, len, dreg } => {

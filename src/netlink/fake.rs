@@ -3,6 +3,8 @@
 //! It applies transactions atomically with the checks that make the kernel refuse a batch:
 //! objects must exist before they are referenced (`ENOENT`), referenced chains and sets cannot
 //! be deleted (`EBUSY`), and an element cannot be re-added with different data (`EEXIST`).
+//! Rules have no handles here: a rule's handle is taken as its 1-based position in its chain
+//! (so tests delete several rules of one chain last first).
 
 use std::collections::BTreeMap;
 
@@ -28,12 +30,22 @@ pub struct FakeNetfilter {
     /// Table flags this kernel does not know (`EOPNOTSUPP`, as kernels before 6.9 answer
     /// `persist`).
     pub unknown_table_flags: u32,
+    /// The ruleset generation: 1 at start, one more per transaction applied (tests add their
+    /// own to stand for another process's commits).
+    pub generation: u32,
+    /// The generation the next transaction expects.
+    pub expected: Option<u32>,
 }
 
 impl FakeNetfilter {
     /// An empty kernel.
     pub fn new() -> FakeNetfilter {
-        FakeNetfilter::default()
+        FakeNetfilter { generation: 1, ..FakeNetfilter::default() }
+    }
+
+    /// Another process commits a transaction (of its own tables).
+    pub fn foreign_commit(&mut self) {
+        self.generation = super::next_generation(self.generation);
     }
 }
 
@@ -41,6 +53,7 @@ fn err(index: usize, tx: &Transaction, errno: i32) -> NetlinkError {
     let op = &tx.ops[index];
     NetlinkError::Rejected(vec![MessageFailure {
         op_index: index,
+        tag: op.kind.tag(),
         op: op.to_string(),
         errno,
         owners: op.owners(),
@@ -50,6 +63,9 @@ fn err(index: usize, tx: &Transaction, errno: i32) -> NetlinkError {
 
 impl Netfilter for FakeNetfilter {
     fn apply(&mut self, tx: &Transaction) -> Result<ApplyStats, NetlinkError> {
+        if self.expected.take().is_some_and(|g| g != self.generation) && !tx.is_empty() {
+            return Err(NetlinkError::GenerationChanged);
+        }
         let mut state = self.state.clone();
         for (i, op) in tx.ops.iter().enumerate() {
             if let Some(pattern) = &self.fail_on
@@ -64,10 +80,11 @@ impl Netfilter for FakeNetfilter {
             }
             if let Some(prefix) = &self.refuse_owner
                 && op.kind.is_addition()
-                && let Some(owner) = op.owners().into_iter().find(|o| o.as_str().starts_with(prefix.as_str()))
+                && let Some(owner) = op.owners().into_iter().find(|o| o.to_string().starts_with(prefix.as_str()))
             {
                 return Err(NetlinkError::Rejected(vec![MessageFailure {
                     op_index: i,
+                    tag: op.kind.tag(),
                     op: op.to_string(),
                     errno: libc::EINVAL,
                     owners: vec![owner],
@@ -80,6 +97,9 @@ impl Netfilter for FakeNetfilter {
             check_references(table).map_err(|errno| err(tx.ops.len().saturating_sub(1), tx, errno))?;
         }
         self.state = state;
+        if !tx.is_empty() {
+            self.generation = super::next_generation(self.generation);
+        }
         self.applied.push(tx.clone());
         Ok(ApplyStats { operations: tx.ops.len(), messages: tx.ops.len(), ..ApplyStats::default() })
     }
@@ -94,6 +114,14 @@ impl Netfilter for FakeNetfilter {
                 .cloned()
                 .collect(),
         })
+    }
+
+    fn generation(&mut self) -> Result<Option<u32>, NetlinkError> {
+        Ok(Some(self.generation))
+    }
+
+    fn expect_generation(&mut self, genid: Option<u32>) {
+        self.expected = genid;
     }
 }
 
@@ -176,6 +204,14 @@ fn apply_op(state: &mut WireRuleset, op: &crate::nft::diff::Op) -> Result<(), i3
         }
         OpKind::FlushChain { chain } => {
             table_mut(state, op)?.chains.get_mut(chain).ok_or(libc::ENOENT)?.rules.clear();
+        }
+        OpKind::DeleteRule { chain, handle } => {
+            let rules = &mut table_mut(state, op)?.chains.get_mut(chain).ok_or(libc::ENOENT)?.rules;
+            let index = usize::try_from(*handle).ok().and_then(|h| h.checked_sub(1)).ok_or(libc::ENOENT)?;
+            if index >= rules.len() {
+                return Err(libc::ENOENT);
+            }
+            rules.remove(index);
         }
         OpKind::DeleteChain { chain } => {
             let t = table_mut(state, op)?;

@@ -6,23 +6,23 @@
 use nftnl_sys as sys;
 
 use super::NetlinkError;
-use super::decode::{NLM_F_DUMP, a, request};
-use super::socket::Socket;
-use super::sys::{self as raw, msg};
+use super::decode::a;
+use super::socket::{NLM_F_DUMP, Socket};
+use super::sys::{self as raw, Body, msg};
 use crate::nft::wire::udata;
 
 /// `NFPROTO_UNSPEC`: a dump request for this family answers with every family's objects.
 const NFPROTO_UNSPEC: u16 = 0;
 
 /// `NFT_TABLE_F_DORMANT`: the table's base chains are not attached to their hooks.
-pub const TABLE_F_DORMANT: u32 = 0x1;
+pub(crate) const TABLE_F_DORMANT: u32 = 0x1;
 /// `NFT_TABLE_F_OWNER` (only the owning netlink socket may change the table, which goes away
 /// with it) and `NFT_TABLE_F_PERSIST` (an owned table stays when its owner closes).
 pub use crate::nft::wire::consts::{TABLE_F_OWNER, TABLE_F_PERSIST};
 
 /// An nftables address family (`nft list tables` spells them `ip`, `ip6`, `inet`, …).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub enum TableFamily {
+pub(crate) enum TableFamily {
     Ip,
     Ip6,
     Inet,
@@ -33,7 +33,7 @@ pub enum TableFamily {
 
 impl TableFamily {
     /// Every family, in `nft list ruleset` order.
-    pub const ALL: [TableFamily; 6] = [
+    pub(crate) const ALL: [TableFamily; 6] = [
         TableFamily::Ip,
         TableFamily::Ip6,
         TableFamily::Inet,
@@ -43,7 +43,7 @@ impl TableFamily {
     ];
 
     /// The nft keyword.
-    pub fn keyword(self) -> &'static str {
+    pub(crate) fn keyword(self) -> &'static str {
         match self {
             TableFamily::Ip => "ip",
             TableFamily::Ip6 => "ip6",
@@ -55,7 +55,7 @@ impl TableFamily {
     }
 
     /// The kernel's `NFPROTO_*` number.
-    pub fn nfproto(self) -> u32 {
+    pub(crate) fn nfproto(self) -> u32 {
         match self {
             TableFamily::Inet => 1,
             TableFamily::Ip => 2,
@@ -67,13 +67,13 @@ impl TableFamily {
     }
 
     /// The family with this `NFPROTO_*` number.
-    pub fn from_nfproto(n: u32) -> Option<TableFamily> {
+    pub(crate) fn from_nfproto(n: u32) -> Option<TableFamily> {
         TableFamily::ALL.into_iter().find(|f| f.nfproto() == n)
     }
 
     /// The name of hook number `hooknum` in this family (`NF_INET_*`, `NF_ARP_*`,
     /// `NF_NETDEV_*`, `NF_BR_*`), as nft prints it.
-    pub fn hook_name(self, hooknum: u32) -> Option<&'static str> {
+    pub(crate) fn hook_name(self, hooknum: u32) -> Option<&'static str> {
         let names: &[&'static str] = match self {
             TableFamily::Ip | TableFamily::Ip6 | TableFamily::Bridge => {
                 &["prerouting", "input", "forward", "output", "postrouting"]
@@ -94,14 +94,14 @@ impl std::fmt::Display for TableFamily {
 
 /// A base chain's default verdict.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ChainPolicy {
+pub(crate) enum ChainPolicy {
     Accept,
     Drop,
 }
 
 impl ChainPolicy {
     /// The nft keyword.
-    pub fn keyword(self) -> &'static str {
+    pub(crate) fn keyword(self) -> &'static str {
         match self {
             ChainPolicy::Accept => "accept",
             ChainPolicy::Drop => "drop",
@@ -111,7 +111,7 @@ impl ChainPolicy {
 
 /// What attaches a chain to a hook, as the kernel reports it.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct BaseChainInfo {
+pub(crate) struct BaseChainInfo {
     /// The hook number in the table's family (see [`TableFamily::hook_name`]).
     pub hooknum: u32,
     /// Lower runs first.
@@ -127,14 +127,14 @@ pub struct BaseChainInfo {
 
 /// One chain of a table; only base chains carry details.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ChainInfo {
+pub(crate) struct ChainInfo {
     pub name: String,
     pub base: Option<BaseChainInfo>,
 }
 
 /// One table, as `nft list tables` and `nft list chains` would show it.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct TableInfo {
+pub(crate) struct TableInfo {
     pub family: TableFamily,
     pub name: String,
     /// `NFT_TABLE_F_*` ([`TABLE_F_DORMANT`], [`TABLE_F_OWNER`], [`TABLE_F_PERSIST`]).
@@ -149,23 +149,23 @@ pub struct TableInfo {
 
 impl TableInfo {
     /// `ip nftproxy`, as nft names a table.
-    pub fn label(&self) -> String {
+    pub(crate) fn label(&self) -> String {
         format!("{} {}", self.family, self.name)
     }
 
     /// True when the table's base chains are not attached (`flags dormant`).
-    pub fn is_dormant(&self) -> bool {
+    pub(crate) fn is_dormant(&self) -> bool {
         self.flags & TABLE_F_DORMANT != 0
     }
 
     /// The base chains, with their hooks.
-    pub fn base_chains(&self) -> impl Iterator<Item = (&ChainInfo, &BaseChainInfo)> {
+    pub(crate) fn base_chains(&self) -> impl Iterator<Item = (&ChainInfo, &BaseChainInfo)> {
         self.chains.iter().filter_map(|c| c.base.as_ref().map(|b| (c, b)))
     }
 }
 
 /// Reads every table of every family with its chains, and counts the rules of base chains.
-pub fn list_tables(sock: &mut Socket) -> Result<Vec<TableInfo>, NetlinkError> {
+pub(super) fn list_tables(sock: &mut Socket) -> Result<Vec<TableInfo>, NetlinkError> {
     let mut tables = read_tables(sock)?;
     read_chains(sock, &mut tables)?;
     for table in &mut tables {
@@ -182,18 +182,9 @@ pub fn list_tables(sock: &mut Socket) -> Result<Vec<TableInfo>, NetlinkError> {
 
 fn read_tables(sock: &mut Socket) -> Result<Vec<TableInfo>, NetlinkError> {
     let filter = raw::Table::new()?;
-    let seq = sock.next_seq();
-    #[allow(unsafe_code)]
-    // SAFETY: the header was just built in a buffer large enough for the (empty) payload.
-    let req =
-        request(msg::GETTABLE, NFPROTO_UNSPEC, NLM_F_DUMP, seq, |nlh| unsafe { raw::table_payload(nlh, &filter) });
     let mut tables = Vec::new();
-    sock.dump(&req, seq, |msg| {
-        let nlh: *const libc::nlmsghdr = msg.as_ptr().cast();
-        let mut t = raw::Table::new()?;
-        if !raw::parse_table(nlh, &mut t) {
-            return Ok(());
-        }
+    sock.query(msg::GETTABLE, NFPROTO_UNSPEC, NLM_F_DUMP, Body::Table(&filter), |msg| {
+        let Some(t) = msg.table() else { return Ok(()) };
         let (Some(name), Some(family)) = (
             t.get_str(a(sys::NFTNL_TABLE_NAME)),
             t.get_u32(a(sys::NFTNL_TABLE_FAMILY)).and_then(TableFamily::from_nfproto),
@@ -216,17 +207,8 @@ fn read_tables(sock: &mut Socket) -> Result<Vec<TableInfo>, NetlinkError> {
 
 fn read_chains(sock: &mut Socket, tables: &mut [TableInfo]) -> Result<(), NetlinkError> {
     let filter = raw::Chain::new()?;
-    let seq = sock.next_seq();
-    #[allow(unsafe_code)]
-    // SAFETY: the header was just built in a buffer large enough for the (empty) payload.
-    let req =
-        request(msg::GETCHAIN, NFPROTO_UNSPEC, NLM_F_DUMP, seq, |nlh| unsafe { raw::chain_payload(nlh, &filter) });
-    sock.dump(&req, seq, |msg| {
-        let nlh: *const libc::nlmsghdr = msg.as_ptr().cast();
-        let mut c = raw::Chain::new()?;
-        if !raw::parse_chain(nlh, &mut c) {
-            return Ok(());
-        }
+    sock.query(msg::GETCHAIN, NFPROTO_UNSPEC, NLM_F_DUMP, Body::Chain(&filter), |msg| {
+        let Some(c) = msg.chain() else { return Ok(()) };
         let (Some(name), Some(table), Some(family)) = (
             c.get_str(a(sys::NFTNL_CHAIN_NAME)),
             c.get_str(a(sys::NFTNL_CHAIN_TABLE)),
@@ -265,16 +247,10 @@ fn count_rules(sock: &mut Socket, fam: u16, table: &str, chain: &str) -> Result<
     filter.set_str(a(sys::NFTNL_RULE_TABLE), table)?;
     filter.set_str(a(sys::NFTNL_RULE_CHAIN), chain)?;
     filter.set_u32(a(sys::NFTNL_RULE_FAMILY), u32::from(fam));
-    let seq = sock.next_seq();
-    #[allow(unsafe_code)]
-    // SAFETY: the header was just built in a buffer large enough for the payload.
-    let req = request(msg::GETRULE, fam, NLM_F_DUMP, seq, |nlh| unsafe { raw::rule_payload(nlh, &filter) });
     let mut n = 0usize;
-    let result = sock.dump(&req, seq, |msg| {
-        let nlh: *const libc::nlmsghdr = msg.as_ptr().cast();
-        let mut r = raw::Rule::new()?;
+    let result = sock.query(msg::GETRULE, fam, NLM_F_DUMP, Body::Rule(&filter), |msg| {
         // Filtered again here in case the kernel ignores the filter.
-        if raw::parse_rule(nlh, &mut r)
+        if let Some(r) = msg.rule()
             && r.get_str(a(sys::NFTNL_RULE_TABLE)).as_deref() == Some(table)
             && r.get_str(a(sys::NFTNL_RULE_CHAIN)).as_deref() == Some(chain)
         {
@@ -286,6 +262,51 @@ fn count_rules(sock: &mut Socket, fam: u16, table: &str, chain: &str) -> Result<
         Ok(()) => Ok(n),
         // The chain (or its table) went away since it was listed.
         Err(NetlinkError::Dump(e)) if e.raw_os_error() == Some(libc::ENOENT) => Ok(0),
+        Err(e) => Err(e),
+    }
+}
+
+/// One rule of a foreign table: where it is, its handle, and the chains it jumps or goes to
+/// (what deleting a chain it targets needs removed first).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct RuleInfo {
+    pub chain: String,
+    pub handle: u64,
+    /// Targets of its `jump` and `goto` verdicts.
+    pub targets: Vec<String>,
+}
+
+/// The rules of one table, in chain order (a dump of the table's rules).
+pub(super) fn list_rules(sock: &mut Socket, family: TableFamily, table: &str) -> Result<Vec<RuleInfo>, NetlinkError> {
+    let fam = u16::try_from(family.nfproto()).unwrap_or(NFPROTO_UNSPEC);
+    let mut filter = raw::Rule::new()?;
+    filter.set_str(a(sys::NFTNL_RULE_TABLE), table)?;
+    filter.set_u32(a(sys::NFTNL_RULE_FAMILY), family.nfproto());
+    let mut out = Vec::new();
+    let result = sock.query(msg::GETRULE, fam, NLM_F_DUMP, Body::Rule(&filter), |msg| {
+        let Some(r) = msg.rule() else { return Ok(()) };
+        if r.get_str(a(sys::NFTNL_RULE_TABLE)).as_deref() != Some(table) {
+            return Ok(());
+        }
+        let (Some(chain), Some(handle)) = (r.get_str(a(sys::NFTNL_RULE_CHAIN)), r.get_u64(a(sys::NFTNL_RULE_HANDLE)))
+        else {
+            return Ok(());
+        };
+        let mut targets = Vec::new();
+        r.for_each_expr(|e| {
+            if e.name() == "immediate"
+                && let Some(target) = e.str(a(sys::NFTNL_EXPR_IMM_CHAIN))
+            {
+                targets.push(target);
+            }
+        });
+        out.push(RuleInfo { chain, handle, targets });
+        Ok(())
+    });
+    match result {
+        Ok(()) => Ok(out),
+        // The table went away since it was listed.
+        Err(NetlinkError::Dump(e)) if e.raw_os_error() == Some(libc::ENOENT) => Ok(Vec::new()),
         Err(e) => Err(e),
     }
 }

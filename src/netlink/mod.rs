@@ -1,12 +1,16 @@
 //! The kernel edge: applies a [`Transaction`] as one netlink batch and reads nftproxy's tables
 //! back. This module holds all of nftproxy's `unsafe` code (libnftnl calls and socket syscalls).
 
-pub mod conntrack;
+pub(crate) mod conntrack;
 mod decode;
 mod encode;
 pub mod fake;
-pub mod fault;
-mod inventory;
+mod generation;
+pub(crate) mod inventory;
+pub(crate) mod ipvs;
+pub(crate) mod trace;
+// The only `unsafe` code of nftproxy: syscalls on the netlink socket, and libnftnl behind one
+// typed API (messages built from objects, received messages parsed into objects).
 #[allow(unsafe_code)]
 mod socket;
 #[allow(unsafe_code)]
@@ -20,13 +24,12 @@ use thiserror::Error;
 
 use crate::net::IpFamily;
 use crate::nft::ast::Owner;
-use crate::nft::diff::{OpSink, Transaction};
+use crate::nft::diff::{OpSink, OpTag, Transaction};
 use crate::nft::wire::WireRuleset;
 
 pub use fake::FakeNetfilter;
-pub use inventory::{
-    BaseChainInfo, ChainInfo, ChainPolicy, TABLE_F_DORMANT, TABLE_F_OWNER, TABLE_F_PERSIST, TableFamily, TableInfo,
-};
+pub(crate) use inventory::{BaseChainInfo, ChainInfo, ChainPolicy, RuleInfo, TableFamily, TableInfo};
+pub use inventory::{TABLE_F_OWNER, TABLE_F_PERSIST};
 
 /// Errors from the kernel edge.
 #[derive(Debug, Error)]
@@ -58,8 +61,18 @@ pub enum NetlinkError {
          `flags owner`; `nftproxy check` names it"
     )]
     OwnedElsewhere { table: String, port: u32 },
+    #[error("cannot receive nftables trace events: {0} (this needs CAP_NET_ADMIN in the network namespace)")]
+    Subscribe(#[source] io::Error),
+    #[error("cannot create the trace table {table}: {source}")]
+    TraceTable {
+        table: String,
+        #[source]
+        source: io::Error,
+    },
     #[error("the kernel rejected the transaction: {}", describe(.0))]
     Rejected(Vec<MessageFailure>),
+    #[error("another transaction committed since the generation the batch expected; nothing was applied")]
+    GenerationChanged,
 }
 
 fn describe(failures: &[MessageFailure]) -> String {
@@ -71,6 +84,8 @@ fn describe(failures: &[MessageFailure]) -> String {
 pub struct MessageFailure {
     /// Index of the operation in the transaction.
     pub op_index: usize,
+    /// What the operation does.
+    pub tag: OpTag,
     /// The operation, as text (`add rule ip nftproxy services`).
     pub op: String,
     /// Positive errno.
@@ -130,34 +145,87 @@ pub trait Netfilter {
 
     /// Reads the named tables (those that exist).
     fn read(&mut self, tables: &[(IpFamily, &str)]) -> Result<WireRuleset, NetlinkError>;
+
+    /// The ruleset generation: the kernel increments it with every transaction committed in
+    /// this network namespace, any table's. `None` when this handle cannot tell.
+    fn generation(&mut self) -> Result<Option<u32>, NetlinkError> {
+        Ok(None)
+    }
+
+    /// Makes the next transaction conditional on the generation still being `genid`: otherwise
+    /// nothing is applied and it fails with [`NetlinkError::GenerationChanged`]. `None` sends
+    /// it unconditionally.
+    fn expect_generation(&mut self, _genid: Option<u32>) {}
 }
+
+pub(crate) use generation::next as next_generation;
 
 /// The kernel of the current network namespace.
 pub struct Kernel {
     socket: socket::Socket,
+    /// The generation the next batch expects (see [`Netfilter::expect_generation`]).
+    expected: Option<u32>,
 }
 
 impl Kernel {
     /// Opens a netfilter socket in the current network namespace.
     pub fn open() -> Result<Kernel, NetlinkError> {
-        Ok(Kernel { socket: socket::Socket::open()? })
+        Ok(Kernel { socket: socket::Socket::open()?, expected: None })
     }
 
     /// Every table of every family in this network namespace (nftproxy's and foreign ones),
     /// with its chains, the hooks of its base chains and their rule counts, sorted by family
     /// and name. Reads only; regular chains' rules and sets are not read.
-    pub fn list_tables(&mut self) -> Result<Vec<TableInfo>, NetlinkError> {
+    pub(crate) fn list_tables(&mut self) -> Result<Vec<TableInfo>, NetlinkError> {
         inventory::list_tables(&mut self.socket)
+    }
+
+    /// The rules of one table (any family's, foreign ones too), with their handles and the
+    /// chains they jump or go to.
+    pub(crate) fn list_rules(&mut self, family: TableFamily, table: &str) -> Result<Vec<RuleInfo>, NetlinkError> {
+        inventory::list_rules(&mut self.socket, family, table)
+    }
+
+    /// The sets and maps of the named tables (those that exist; no chains or rules), decoded as
+    /// [`Netfilter::read`] does, also when another process owns them: for looking only, never
+    /// for planning changes.
+    pub(crate) fn inspect_sets(&mut self, tables: &[(IpFamily, &str)]) -> Result<WireRuleset, NetlinkError> {
+        let mut out = WireRuleset::default();
+        for (family, name) in tables {
+            if let Some(t) = decode::inspect_sets(&mut self.socket, *family, name)? {
+                out.tables.push(t);
+            }
+        }
+        Ok(out)
     }
 }
 
 impl Kernel {
     /// Sends an encoded batch and reads the kernel's verdict.
     fn send(&mut self, encoded: encode::EncodedBatch, encode_time: Duration) -> Result<ApplyStats, NetlinkError> {
+        let expected = self.expected.take();
         if encoded.messages.is_empty() {
             return Ok(ApplyStats::default());
         }
-        let pages: Vec<&[u8]> = encoded.batch.iter().collect();
+        let mut pages: Vec<&[u8]> = encoded.batch.iter().collect();
+        // The BEGIN message is the first of the first page: a copy carrying the expected
+        // generation replaces it.
+        let guarded_begin = match (expected, pages.first()) {
+            (Some(genid), Some(first)) if first.len() >= 4 => {
+                let len = u32::from_ne_bytes([first[0], first[1], first[2], first[3]]) as usize;
+                let len = len.div_ceil(4) * 4;
+                (len <= first.len()).then(|| (generation::begin_expecting(&first[..len], genid), len))
+            }
+            _ => None,
+        };
+        if let Some((_, len)) = &guarded_begin
+            && let Some(first) = pages.first_mut()
+        {
+            *first = &first[*len..];
+        }
+        if let Some((begin, _)) = &guarded_begin {
+            pages.insert(0, begin.as_slice());
+        }
         // Errors are the only replies besides BEGIN/END: one per failing message at most.
         let recv = (encoded.messages.len() + 16) * 1024;
         self.socket.size_buffers(encoded.bytes + 64 * 1024, recv.max(1 << 20));
@@ -167,6 +235,9 @@ impl Kernel {
         let replies = self.socket.drain_replies()?;
         let kernel = sent.elapsed();
 
+        if replies.iter().any(|r| r.error == -generation::ERESTART) {
+            return Err(NetlinkError::GenerationChanged);
+        }
         let mut failures = Vec::new();
         let mut committed = false;
         for reply in &replies {
@@ -198,6 +269,7 @@ impl Kernel {
 impl Netfilter for Kernel {
     fn apply(&mut self, tx: &Transaction) -> Result<ApplyStats, NetlinkError> {
         if tx.is_empty() {
+            self.expected = None;
             return Ok(ApplyStats::default());
         }
         let started = Instant::now();
@@ -226,6 +298,14 @@ impl Netfilter for Kernel {
         }
         Ok(out)
     }
+
+    fn generation(&mut self) -> Result<Option<u32>, NetlinkError> {
+        generation::read(&mut self.socket).map(Some)
+    }
+
+    fn expect_generation(&mut self, genid: Option<u32>) {
+        self.expected = genid;
+    }
 }
 
 /// Maps an error reply to the operation and owners it belongs to.
@@ -235,6 +315,7 @@ fn failure(encoded: &encode::EncodedBatch, pages: &[&[u8]], reply: &socket::Repl
     let Some(info) = info else {
         return MessageFailure {
             op_index: 0,
+            tag: OpTag::AddTable,
             op: format!("batch message seq {}", reply.seq),
             errno,
             owners: vec![Owner::infrastructure()],
@@ -258,5 +339,12 @@ fn failure(encoded: &encode::EncodedBatch, pages: &[&[u8]], reply: &socket::Repl
         }
     }
     owners.dedup();
-    MessageFailure { op_index: info.op_index, op: info.op.to_string(), errno, owners, text: reply.text.clone() }
+    MessageFailure {
+        op_index: info.op_index,
+        tag: info.tag,
+        op: info.op.to_string(),
+        errno,
+        owners,
+        text: reply.text.clone(),
+    }
 }

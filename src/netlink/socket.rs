@@ -12,8 +12,15 @@ use std::io;
 use std::os::fd::RawFd;
 
 use super::NetlinkError;
+use super::sys::{Body, Received};
+
+/// `NLM_F_DUMP`: every object the request's filter matches.
+pub(super) const NLM_F_DUMP: u16 = 0x300;
+/// `NLM_F_ACK`
+pub(super) const NLM_F_ACK: u16 = 0x4;
 
 const SOL_NETLINK: libc::c_int = 270;
+const NETLINK_ADD_MEMBERSHIP: libc::c_int = 1;
 const NETLINK_CAP_ACK: libc::c_int = 10;
 const NETLINK_EXT_ACK: libc::c_int = 11;
 const NLMSG_ERROR: u16 = 2;
@@ -26,7 +33,7 @@ const NLMSG_HDRLEN: usize = 16;
 
 /// One reply to a message of a batch.
 #[derive(Debug, Clone)]
-pub struct Reply {
+pub(super) struct Reply {
     /// Sequence number of the message this answers.
     pub seq: u32,
     /// 0 for an ACK, a negative errno otherwise.
@@ -38,7 +45,7 @@ pub struct Reply {
 }
 
 /// An nfnetlink socket.
-pub struct Socket {
+pub(super) struct Socket {
     inner: mnl::Socket,
     fd: RawFd,
     seq: u32,
@@ -47,7 +54,7 @@ pub struct Socket {
 
 impl Socket {
     /// Opens and binds a netfilter socket in the current network namespace.
-    pub fn open() -> Result<Socket, NetlinkError> {
+    pub(super) fn open() -> Result<Socket, NetlinkError> {
         let inner = mnl::Socket::new(mnl::Bus::Netfilter).map_err(NetlinkError::Socket)?;
         #[allow(unsafe_code)]
         // SAFETY: the mnl socket is valid for as long as `inner` lives, which owns the fd.
@@ -74,13 +81,13 @@ impl Socket {
     }
 
     /// The socket's netlink port id (what the kernel records as an owned table's owner).
-    pub fn port_id(&self) -> u32 {
+    pub(super) fn port_id(&self) -> u32 {
         self.inner.portid()
     }
 
     /// Raises the send and receive buffers (needs CAP_NET_ADMIN for the `FORCE` variants; falls
     /// back to the unforced ones).
-    pub fn size_buffers(&self, send: usize, recv: usize) {
+    pub(super) fn size_buffers(&self, send: usize, recv: usize) {
         let clamp = |n: usize| libc::c_int::try_from(n).unwrap_or(libc::c_int::MAX);
         if self.set_int(libc::SOL_SOCKET, libc::SO_SNDBUFFORCE, clamp(send)).is_err() {
             let _ = self.set_int(libc::SOL_SOCKET, libc::SO_SNDBUF, clamp(send));
@@ -91,13 +98,13 @@ impl Socket {
     }
 
     /// The next sequence number for a standalone request.
-    pub fn next_seq(&mut self) -> u32 {
+    pub(super) fn next_seq(&mut self) -> u32 {
         self.seq = self.seq.wrapping_add(1);
         self.seq
     }
 
     /// Sends all `pages` as one datagram.
-    pub fn send_pages(&self, pages: &[&[u8]]) -> Result<(), NetlinkError> {
+    pub(super) fn send_pages(&self, pages: &[&[u8]]) -> Result<(), NetlinkError> {
         if pages.len() > 1024 {
             return Err(NetlinkError::BatchTooLarge { pages: pages.len() });
         }
@@ -121,12 +128,62 @@ impl Socket {
     }
 
     /// Sends one request message (already built in `req`).
-    pub fn send(&self, req: &[u8]) -> Result<(), NetlinkError> {
+    pub(super) fn send(&self, req: &[u8]) -> Result<(), NetlinkError> {
         self.inner.send(req).map(|_| ()).map_err(NetlinkError::Send)
     }
 
+    /// Joins a multicast group (`NETLINK_ADD_MEMBERSHIP`); nf_tables' groups need CAP_NET_ADMIN.
+    pub(super) fn subscribe(&self, group: u32) -> io::Result<()> {
+        self.set_int(SOL_NETLINK, NETLINK_ADD_MEMBERSHIP, libc::c_int::try_from(group).unwrap_or(libc::c_int::MAX))
+    }
+
+    /// Waits up to `timeout` for messages, then reads every message already queued and calls
+    /// `each` with it. Returns whether the kernel dropped messages for want of buffer space
+    /// (`ENOBUFS`: multicast does not wait for slow readers) since the last call.
+    pub(super) fn receive(
+        &mut self,
+        timeout: std::time::Duration,
+        mut each: impl FnMut(Received<'_>),
+    ) -> Result<bool, NetlinkError> {
+        let mut poll = libc::pollfd { fd: self.fd, events: libc::POLLIN, revents: 0 };
+        let ms = libc::c_int::try_from(timeout.as_millis()).unwrap_or(libc::c_int::MAX);
+        #[allow(unsafe_code)]
+        // SAFETY: one valid pollfd, passed with its count.
+        let rc = unsafe { libc::poll(&mut poll, 1, ms) };
+        if rc < 0 {
+            let e = io::Error::last_os_error();
+            return if e.kind() == io::ErrorKind::Interrupted { Ok(false) } else { Err(NetlinkError::Receive(e)) };
+        }
+        let mut lost = false;
+        loop {
+            let n = match self.recv(libc::MSG_DONTWAIT) {
+                Ok(0) => break,
+                Ok(n) => n,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e) if e.raw_os_error() == Some(libc::ENOBUFS) => {
+                    lost = true;
+                    continue;
+                }
+                Err(e) => return Err(NetlinkError::Receive(e)),
+            };
+            let mut off = 0usize;
+            while off + NLMSG_HDRLEN <= n {
+                let (len, _, _, _) = header(&self.bytes(n)[off..]);
+                if len < NLMSG_HDRLEN || off + len > n {
+                    break;
+                }
+                if let Some(message) = Received::new(&self.bytes(n)[off..off + len]) {
+                    each(message);
+                }
+                off += len.div_ceil(4) * 4;
+            }
+        }
+        Ok(lost)
+    }
+
     /// Reads every reply already queued, without blocking.
-    pub fn drain_replies(&mut self) -> Result<Vec<Reply>, NetlinkError> {
+    pub(super) fn drain_replies(&mut self) -> Result<Vec<Reply>, NetlinkError> {
         let mut replies = Vec::new();
         loop {
             match self.recv(libc::MSG_DONTWAIT) {
@@ -156,9 +213,27 @@ impl Socket {
         }
     }
 
-    /// Runs a dump request and calls `each` with every message of the answer (whole netlink
-    /// messages, 4-byte aligned, valid for the duration of the call).
-    pub fn dump(
+    /// Sends one `GET…` request for the objects `filter` selects (a dump with
+    /// [`NLM_F_DUMP`]) and calls `each` with every message of the answer.
+    pub(super) fn query(
+        &mut self,
+        kind: u16,
+        family: u16,
+        flags: u16,
+        filter: Body<'_>,
+        mut each: impl FnMut(Received<'_>) -> Result<(), NetlinkError>,
+    ) -> Result<(), NetlinkError> {
+        let seq = self.next_seq();
+        let req = super::sys::request(kind, family, flags, seq, filter);
+        self.exchange(&req, seq, |bytes| {
+            let message = Received::new(bytes).ok_or(NetlinkError::Malformed("misaligned dump message"))?;
+            each(message)
+        })
+    }
+
+    /// Sends a request already built (with sequence number `seq`) and calls `each` with every
+    /// message of its answer: whole netlink messages, at 4-byte offsets of the receive buffer.
+    pub(super) fn exchange(
         &mut self,
         req: &[u8],
         seq: u32,
@@ -169,12 +244,12 @@ impl Socket {
             let n = self.recv(0).map_err(NetlinkError::Receive)?;
             let mut off = 0usize;
             while off + NLMSG_HDRLEN <= n {
-                let (len, kind, _flags, msg_seq) = header(&self.bytes(n)[off..]);
+                let (len, msg_kind, _flags, msg_seq) = header(&self.bytes(n)[off..]);
                 if len < NLMSG_HDRLEN || off + len > n {
                     return Err(NetlinkError::Malformed("truncated dump message"));
                 }
                 if msg_seq == seq {
-                    match kind {
+                    match msg_kind {
                         NLMSG_DONE => return Ok(()),
                         NLMSG_ERROR => {
                             let errno = error_code(&self.bytes(n)[off..off + len]);
@@ -254,7 +329,7 @@ fn parse_ack_tlvs(mut b: &[u8], reply: &mut Reply) {
 
 /// Which element of a set-element message contains byte `offset` (from the message start):
 /// the index of its `NFTA_LIST_ELEM` nest within `NFTA_SET_ELEM_LIST_ELEMENTS`.
-pub fn element_index_at(message: &[u8], offset: u32) -> Option<usize> {
+pub(super) fn element_index_at(message: &[u8], offset: u32) -> Option<usize> {
     const NFGEN_HDRLEN: usize = 4;
     const NFTA_SET_ELEM_LIST_ELEMENTS: u16 = 3;
     let offset = offset as usize;
@@ -287,7 +362,7 @@ pub fn element_index_at(message: &[u8], offset: u32) -> Option<usize> {
 }
 
 /// Splits a batch buffer into messages: (seq, bytes) in order.
-pub fn split_messages(buf: &[u8]) -> Vec<(u32, &[u8])> {
+pub(super) fn split_messages(buf: &[u8]) -> Vec<(u32, &[u8])> {
     let mut out = Vec::new();
     let mut off = 0usize;
     while off + NLMSG_HDRLEN <= buf.len() {

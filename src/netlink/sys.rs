@@ -2,6 +2,7 @@
 //! touches a raw pointer. libnftnl copies every string and buffer it is given, so Rust values
 //! passed in may be dropped right after a setter returns.
 
+use std::cell::Cell;
 use std::ffi::{CStr, CString, c_void};
 use std::ptr::NonNull;
 
@@ -10,22 +11,24 @@ use nftnl_sys as sys;
 use super::NetlinkError;
 
 /// nf_tables message types (`enum nf_tables_msg_types`).
-pub mod msg {
-    pub const NEWTABLE: u16 = 0;
-    pub const GETTABLE: u16 = 1;
-    pub const DELTABLE: u16 = 2;
-    pub const NEWCHAIN: u16 = 3;
-    pub const GETCHAIN: u16 = 4;
-    pub const DELCHAIN: u16 = 5;
-    pub const NEWRULE: u16 = 6;
-    pub const GETRULE: u16 = 7;
-    pub const DELRULE: u16 = 8;
-    pub const NEWSET: u16 = 9;
-    pub const GETSET: u16 = 10;
-    pub const DELSET: u16 = 11;
-    pub const NEWSETELEM: u16 = 12;
-    pub const GETSETELEM: u16 = 13;
-    pub const DELSETELEM: u16 = 14;
+pub(super) mod msg {
+    pub(crate) const NEWTABLE: u16 = 0;
+    pub(crate) const GETTABLE: u16 = 1;
+    pub(crate) const DELTABLE: u16 = 2;
+    pub(crate) const NEWCHAIN: u16 = 3;
+    pub(crate) const GETCHAIN: u16 = 4;
+    pub(crate) const DELCHAIN: u16 = 5;
+    pub(crate) const NEWRULE: u16 = 6;
+    pub(crate) const GETRULE: u16 = 7;
+    pub(crate) const DELRULE: u16 = 8;
+    pub(crate) const NEWSET: u16 = 9;
+    pub(crate) const GETSET: u16 = 10;
+    pub(crate) const DELSET: u16 = 11;
+    pub(crate) const NEWSETELEM: u16 = 12;
+    pub(crate) const GETSETELEM: u16 = 13;
+    pub(crate) const DELSETELEM: u16 = 14;
+    /// A trace event, multicast to `NFNLGRP_NFTRACE` (never requested).
+    pub(crate) const TRACE: u16 = 17;
 }
 
 pub(super) fn cstring(s: &str) -> Result<CString, NetlinkError> {
@@ -44,16 +47,16 @@ fn opt_str(p: *const std::os::raw::c_char) -> Option<String> {
 macro_rules! owned {
     ($name:ident, $raw:ty, $alloc:path, $free:path) => {
         /// An owned libnftnl object.
-        pub struct $name(NonNull<$raw>);
+        pub(crate) struct $name(NonNull<$raw>);
 
         impl $name {
-            pub fn new() -> Result<Self, NetlinkError> {
+            pub(crate) fn new() -> Result<Self, NetlinkError> {
                 // SAFETY: the allocator has no preconditions; NULL means out of memory.
                 let p = unsafe { $alloc() };
                 NonNull::new(p).map($name).ok_or(NetlinkError::OutOfMemory)
             }
 
-            pub fn as_ptr(&self) -> *mut $raw {
+            pub(crate) fn as_ptr(&self) -> *mut $raw {
                 self.0.as_ptr()
             }
         }
@@ -71,31 +74,32 @@ owned!(Table, sys::nftnl_table, sys::nftnl_table_alloc, sys::nftnl_table_free);
 owned!(Chain, sys::nftnl_chain, sys::nftnl_chain_alloc, sys::nftnl_chain_free);
 owned!(Rule, sys::nftnl_rule, sys::nftnl_rule_alloc, sys::nftnl_rule_free);
 owned!(Set, sys::nftnl_set, sys::nftnl_set_alloc, sys::nftnl_set_free);
+owned!(Trace, sys::nftnl_trace, sys::nftnl_trace_alloc, sys::nftnl_trace_free);
 
 impl Table {
-    pub fn set_str(&mut self, attr: u16, value: &str) -> Result<(), NetlinkError> {
+    pub(super) fn set_str(&mut self, attr: u16, value: &str) -> Result<(), NetlinkError> {
         let c = cstring(value)?;
         // SAFETY: valid object and NUL-terminated string; libnftnl copies it.
         unsafe { sys::nftnl_table_set_str(self.as_ptr(), attr, c.as_ptr()) };
         Ok(())
     }
-    pub fn set_u32(&mut self, attr: u16, value: u32) {
+    pub(super) fn set_u32(&mut self, attr: u16, value: u32) {
         // SAFETY: valid object; the attribute is a u32 attribute.
         unsafe { sys::nftnl_table_set_u32(self.as_ptr(), attr, value) };
     }
-    pub fn set_data(&mut self, attr: u16, data: &[u8]) {
+    pub(super) fn set_data(&mut self, attr: u16, data: &[u8]) {
         // SAFETY: valid object; libnftnl copies `data.len()` bytes.
         unsafe { sys::nftnl_table_set_data(self.as_ptr(), attr, data.as_ptr().cast::<c_void>(), len32(data)) };
     }
-    pub fn get_str(&self, attr: u16) -> Option<String> {
+    pub(super) fn get_str(&self, attr: u16) -> Option<String> {
         // SAFETY: valid object; NULL when unset.
         opt_str(unsafe { sys::nftnl_table_get_str(self.as_ptr(), attr) })
     }
-    pub fn get_u32(&self, attr: u16) -> Option<u32> {
+    pub(super) fn get_u32(&self, attr: u16) -> Option<u32> {
         // SAFETY: valid object.
         unsafe { (sys::nftnl_table_is_set(self.as_ptr(), attr)).then(|| sys::nftnl_table_get_u32(self.as_ptr(), attr)) }
     }
-    pub fn get_data(&self, attr: u16) -> Option<Vec<u8>> {
+    pub(super) fn get_data(&self, attr: u16) -> Option<Vec<u8>> {
         let mut len = 0u32;
         // SAFETY: valid object; the returned buffer holds `len` bytes owned by the object.
         unsafe {
@@ -109,41 +113,41 @@ impl Table {
 }
 
 impl Chain {
-    pub fn set_str(&mut self, attr: u16, value: &str) -> Result<(), NetlinkError> {
+    pub(super) fn set_str(&mut self, attr: u16, value: &str) -> Result<(), NetlinkError> {
         let c = cstring(value)?;
         // SAFETY: valid object and NUL-terminated string; libnftnl copies it.
         unsafe { sys::nftnl_chain_set_str(self.as_ptr(), attr, c.as_ptr()) };
         Ok(())
     }
-    pub fn set_u32(&mut self, attr: u16, value: u32) {
+    pub(super) fn set_u32(&mut self, attr: u16, value: u32) {
         // SAFETY: valid object; the attribute is a u32 attribute.
         unsafe { sys::nftnl_chain_set_u32(self.as_ptr(), attr, value) };
     }
-    pub fn set_s32(&mut self, attr: u16, value: i32) {
+    pub(super) fn set_s32(&mut self, attr: u16, value: i32) {
         // SAFETY: valid object; the attribute is an s32 attribute.
         unsafe { sys::nftnl_chain_set_s32(self.as_ptr(), attr, value) };
     }
-    pub fn set_data(&mut self, attr: u16, data: &[u8]) {
+    pub(super) fn set_data(&mut self, attr: u16, data: &[u8]) {
         // SAFETY: valid object; libnftnl copies `data.len()` bytes.
         unsafe { sys::nftnl_chain_set_data(self.as_ptr(), attr, data.as_ptr().cast::<c_void>(), len32(data)) };
     }
-    pub fn is_set(&self, attr: u16) -> bool {
+    pub(super) fn is_set(&self, attr: u16) -> bool {
         // SAFETY: valid object.
         unsafe { sys::nftnl_chain_is_set(self.as_ptr(), attr) }
     }
-    pub fn get_str(&self, attr: u16) -> Option<String> {
+    pub(super) fn get_str(&self, attr: u16) -> Option<String> {
         // SAFETY: valid object; NULL when unset.
         opt_str(unsafe { sys::nftnl_chain_get_str(self.as_ptr(), attr) })
     }
-    pub fn get_u32(&self, attr: u16) -> Option<u32> {
+    pub(super) fn get_u32(&self, attr: u16) -> Option<u32> {
         // SAFETY: valid object.
         unsafe { self.is_set(attr).then(|| sys::nftnl_chain_get_u32(self.as_ptr(), attr)) }
     }
-    pub fn get_s32(&self, attr: u16) -> Option<i32> {
+    pub(super) fn get_s32(&self, attr: u16) -> Option<i32> {
         // SAFETY: valid object.
         unsafe { self.is_set(attr).then(|| sys::nftnl_chain_get_s32(self.as_ptr(), attr)) }
     }
-    pub fn get_data(&self, attr: u16) -> Option<Vec<u8>> {
+    pub(super) fn get_data(&self, attr: u16) -> Option<Vec<u8>> {
         if !self.is_set(attr) {
             return None;
         }
@@ -152,7 +156,7 @@ impl Chain {
         unsafe { copy_out(sys::nftnl_chain_get_data(self.as_ptr(), attr, &mut len), len) }
     }
     /// A string-array attribute (`NFTNL_CHAIN_DEVICES`); empty when unset.
-    pub fn get_str_array(&self, attr: u16) -> Vec<String> {
+    pub(super) fn get_str_array(&self, attr: u16) -> Vec<String> {
         let mut out = Vec::new();
         if !self.is_set(attr) {
             return out;
@@ -174,25 +178,33 @@ impl Chain {
 }
 
 impl Rule {
-    pub fn set_str(&mut self, attr: u16, value: &str) -> Result<(), NetlinkError> {
+    pub(super) fn set_str(&mut self, attr: u16, value: &str) -> Result<(), NetlinkError> {
         let c = cstring(value)?;
         // SAFETY: valid object and NUL-terminated string; libnftnl copies it.
         unsafe { sys::nftnl_rule_set_str(self.as_ptr(), attr, c.as_ptr()) };
         Ok(())
     }
-    pub fn set_u32(&mut self, attr: u16, value: u32) {
+    pub(super) fn set_u32(&mut self, attr: u16, value: u32) {
         // SAFETY: valid object; the attribute is a u32 attribute.
         unsafe { sys::nftnl_rule_set_u32(self.as_ptr(), attr, value) };
     }
-    pub fn set_data(&mut self, attr: u16, data: &[u8]) {
+    pub(super) fn set_data(&mut self, attr: u16, data: &[u8]) {
         // SAFETY: valid object; libnftnl copies `data.len()` bytes.
         unsafe { sys::nftnl_rule_set_data(self.as_ptr(), attr, data.as_ptr().cast::<c_void>(), len32(data)) };
     }
-    pub fn get_str(&self, attr: u16) -> Option<String> {
+    pub(super) fn set_u64(&mut self, attr: u16, value: u64) {
+        // SAFETY: valid object; the attribute is a u64 attribute.
+        unsafe { sys::nftnl_rule_set_u64(self.as_ptr(), attr, value) };
+    }
+    pub(super) fn get_str(&self, attr: u16) -> Option<String> {
         // SAFETY: valid object; NULL when unset.
         opt_str(unsafe { sys::nftnl_rule_get_str(self.as_ptr(), attr) })
     }
-    pub fn get_data(&self, attr: u16) -> Option<Vec<u8>> {
+    pub(super) fn get_u64(&self, attr: u16) -> Option<u64> {
+        // SAFETY: valid object; the attribute is read only when set.
+        unsafe { sys::nftnl_rule_is_set(self.as_ptr(), attr).then(|| sys::nftnl_rule_get_u64(self.as_ptr(), attr)) }
+    }
+    pub(super) fn get_data(&self, attr: u16) -> Option<Vec<u8>> {
         let mut len = 0u32;
         // SAFETY: valid object; the returned buffer holds `len` bytes owned by the object.
         unsafe {
@@ -203,13 +215,13 @@ impl Rule {
         }
     }
     /// Hands an expression to the rule, which frees it.
-    pub fn add_expr(&mut self, expr: Expr) {
+    pub(super) fn add_expr(&mut self, expr: Expr) {
         let p = expr.into_raw();
         // SAFETY: valid objects; the rule takes ownership of the expression.
         unsafe { sys::nftnl_rule_add_expr(self.as_ptr(), p) };
     }
     /// Calls `f` for each expression of the rule, in order.
-    pub fn for_each_expr(&self, mut f: impl FnMut(&ExprRef<'_>)) {
+    pub(super) fn for_each_expr(&self, mut f: impl FnMut(&ExprRef<'_>)) {
         unsafe extern "C" fn trampoline(e: *mut sys::nftnl_expr, data: *mut c_void) -> std::os::raw::c_int {
             // SAFETY: `data` is the `&mut dyn FnMut` passed below, alive for the whole foreach.
             let f = unsafe { &mut *data.cast::<&mut dyn FnMut(&ExprRef<'_>)>() };
@@ -231,41 +243,41 @@ impl Rule {
 }
 
 impl Set {
-    pub fn set_str(&mut self, attr: u16, value: &str) -> Result<(), NetlinkError> {
+    pub(super) fn set_str(&mut self, attr: u16, value: &str) -> Result<(), NetlinkError> {
         let c = cstring(value)?;
         // SAFETY: valid object and NUL-terminated string; libnftnl copies it.
         unsafe { sys::nftnl_set_set_str(self.as_ptr(), attr, c.as_ptr()) };
         Ok(())
     }
-    pub fn set_u32(&mut self, attr: u16, value: u32) {
+    pub(super) fn set_u32(&mut self, attr: u16, value: u32) {
         // SAFETY: valid object; the attribute is a u32 attribute.
         unsafe { sys::nftnl_set_set_u32(self.as_ptr(), attr, value) };
     }
-    pub fn set_u64(&mut self, attr: u16, value: u64) {
+    pub(super) fn set_u64(&mut self, attr: u16, value: u64) {
         // SAFETY: valid object; the attribute is a u64 attribute.
         unsafe { sys::nftnl_set_set_u64(self.as_ptr(), attr, value) };
     }
-    pub fn set_data(&mut self, attr: u16, data: &[u8]) {
+    pub(super) fn set_data(&mut self, attr: u16, data: &[u8]) {
         // SAFETY: valid object; libnftnl copies `data.len()` bytes.
         unsafe { sys::nftnl_set_set_data(self.as_ptr(), attr, data.as_ptr().cast::<c_void>(), len32(data)) };
     }
-    pub fn is_set(&self, attr: u16) -> bool {
+    pub(super) fn is_set(&self, attr: u16) -> bool {
         // SAFETY: valid object.
         unsafe { sys::nftnl_set_is_set(self.as_ptr(), attr) }
     }
-    pub fn get_str(&self, attr: u16) -> Option<String> {
+    pub(super) fn get_str(&self, attr: u16) -> Option<String> {
         // SAFETY: valid object; NULL when unset.
         opt_str(unsafe { sys::nftnl_set_get_str(self.as_ptr(), attr) })
     }
-    pub fn get_u32(&self, attr: u16) -> Option<u32> {
+    pub(super) fn get_u32(&self, attr: u16) -> Option<u32> {
         // SAFETY: valid object.
         unsafe { self.is_set(attr).then(|| sys::nftnl_set_get_u32(self.as_ptr(), attr)) }
     }
-    pub fn get_u64(&self, attr: u16) -> Option<u64> {
+    pub(super) fn get_u64(&self, attr: u16) -> Option<u64> {
         // SAFETY: valid object.
         unsafe { self.is_set(attr).then(|| sys::nftnl_set_get_u64(self.as_ptr(), attr)) }
     }
-    pub fn get_data(&self, attr: u16) -> Option<Vec<u8>> {
+    pub(super) fn get_data(&self, attr: u16) -> Option<Vec<u8>> {
         if !self.is_set(attr) {
             return None;
         }
@@ -274,13 +286,13 @@ impl Set {
         unsafe { copy_out(sys::nftnl_set_get_data(self.as_ptr(), attr, &mut len), len) }
     }
     /// Hands an element to the set, which frees it.
-    pub fn add_elem(&mut self, elem: SetElem) {
+    pub(super) fn add_elem(&mut self, elem: SetElem) {
         let p = elem.into_raw();
         // SAFETY: valid objects; the set takes ownership of the element.
         unsafe { sys::nftnl_set_elem_add(self.as_ptr(), p) };
     }
     /// Calls `f` for each element of the set.
-    pub fn for_each_elem(&self, mut f: impl FnMut(&SetElemRef<'_>)) {
+    pub(super) fn for_each_elem(&self, mut f: impl FnMut(&SetElemRef<'_>)) {
         unsafe extern "C" fn trampoline(e: *mut sys::nftnl_set_elem, data: *mut c_void) -> std::os::raw::c_int {
             // SAFETY: `data` is the `&mut dyn FnMut` passed below, alive for the whole foreach.
             let f = unsafe { &mut *data.cast::<&mut dyn FnMut(&SetElemRef<'_>)>() };
@@ -318,31 +330,36 @@ unsafe fn copy_out(p: *const c_void, len: u32) -> Option<Vec<u8>> {
 }
 
 /// An expression being built; owned until handed to a rule.
-pub struct Expr(NonNull<sys::nftnl_expr>);
+pub(super) struct Expr(NonNull<sys::nftnl_expr>);
 
 impl Expr {
-    pub fn new(name: &str) -> Result<Expr, NetlinkError> {
+    pub(super) fn new(name: &str) -> Result<Expr, NetlinkError> {
         let c = cstring(name)?;
         // SAFETY: NUL-terminated name; NULL means unknown expression or out of memory.
         let p = unsafe { sys::nftnl_expr_alloc(c.as_ptr()) };
         NonNull::new(p).map(Expr).ok_or(NetlinkError::OutOfMemory)
     }
-    pub fn u32(&mut self, attr: u16, value: u32) -> &mut Self {
+    pub(super) fn u32(&mut self, attr: u16, value: u32) -> &mut Self {
         // SAFETY: valid expression; the attribute is a u32 attribute.
         unsafe { sys::nftnl_expr_set_u32(self.0.as_ptr(), attr, value) };
         self
     }
-    pub fn u8(&mut self, attr: u16, value: u8) -> &mut Self {
+    pub(super) fn u8(&mut self, attr: u16, value: u8) -> &mut Self {
         // SAFETY: valid expression; the attribute is a u8 attribute.
         unsafe { sys::nftnl_expr_set_u8(self.0.as_ptr(), attr, value) };
         self
     }
-    pub fn data(&mut self, attr: u16, data: &[u8]) -> &mut Self {
+    pub(super) fn u64(&mut self, attr: u16, value: u64) -> &mut Self {
+        // SAFETY: valid expression; the attribute is a u64 attribute.
+        unsafe { sys::nftnl_expr_set_u64(self.0.as_ptr(), attr, value) };
+        self
+    }
+    pub(super) fn data(&mut self, attr: u16, data: &[u8]) -> &mut Self {
         // SAFETY: valid expression; libnftnl copies `data.len()` bytes.
         unsafe { sys::nftnl_expr_set(self.0.as_ptr(), attr, data.as_ptr().cast::<c_void>(), len32(data)) };
         self
     }
-    pub fn str(&mut self, attr: u16, value: &str) -> Result<&mut Self, NetlinkError> {
+    pub(super) fn str(&mut self, attr: u16, value: &str) -> Result<&mut Self, NetlinkError> {
         let c = cstring(value)?;
         // SAFETY: valid expression and NUL-terminated string; libnftnl copies it.
         unsafe { sys::nftnl_expr_set_str(self.0.as_ptr(), attr, c.as_ptr()) };
@@ -363,36 +380,36 @@ impl Drop for Expr {
 }
 
 /// An expression inside a rule read from the kernel.
-pub struct ExprRef<'a> {
+pub(super) struct ExprRef<'a> {
     ptr: NonNull<sys::nftnl_expr>,
     _rule: std::marker::PhantomData<&'a Rule>,
 }
 
 impl ExprRef<'_> {
-    pub fn is_set(&self, attr: u16) -> bool {
+    pub(super) fn is_set(&self, attr: u16) -> bool {
         // SAFETY: valid expression borrowed from its rule.
         unsafe { sys::nftnl_expr_is_set(self.ptr.as_ptr(), attr) }
     }
-    pub fn name(&self) -> String {
+    pub(super) fn name(&self) -> String {
         // SAFETY: valid expression; NFTNL_EXPR_NAME is always set.
         opt_str(unsafe { sys::nftnl_expr_get_str(self.ptr.as_ptr(), sys::NFTNL_EXPR_NAME as u16) }).unwrap_or_default()
     }
-    pub fn u32(&self, attr: u16) -> Option<u32> {
+    pub(super) fn u32(&self, attr: u16) -> Option<u32> {
         // SAFETY: valid expression.
         self.is_set(attr).then(|| unsafe { sys::nftnl_expr_get_u32(self.ptr.as_ptr(), attr) })
     }
-    pub fn u8(&self, attr: u16) -> Option<u8> {
+    pub(super) fn u8(&self, attr: u16) -> Option<u8> {
         // SAFETY: valid expression.
         self.is_set(attr).then(|| unsafe { sys::nftnl_expr_get_u8(self.ptr.as_ptr(), attr) })
     }
-    pub fn str(&self, attr: u16) -> Option<String> {
+    pub(super) fn str(&self, attr: u16) -> Option<String> {
         if !self.is_set(attr) {
             return None;
         }
         // SAFETY: valid expression; NUL-terminated string owned by it.
         opt_str(unsafe { sys::nftnl_expr_get_str(self.ptr.as_ptr(), attr) })
     }
-    pub fn data(&self, attr: u16) -> Option<Vec<u8>> {
+    pub(super) fn data(&self, attr: u16) -> Option<Vec<u8>> {
         if !self.is_set(attr) {
             return None;
         }
@@ -403,23 +420,23 @@ impl ExprRef<'_> {
 }
 
 /// A set element being built; owned until handed to a set.
-pub struct SetElem(NonNull<sys::nftnl_set_elem>);
+pub(super) struct SetElem(NonNull<sys::nftnl_set_elem>);
 
 impl SetElem {
-    pub fn new() -> Result<SetElem, NetlinkError> {
+    pub(super) fn new() -> Result<SetElem, NetlinkError> {
         // SAFETY: no preconditions; NULL means out of memory.
         let p = unsafe { sys::nftnl_set_elem_alloc() };
         NonNull::new(p).map(SetElem).ok_or(NetlinkError::OutOfMemory)
     }
-    pub fn data(&mut self, attr: u16, data: &[u8]) {
+    pub(super) fn data(&mut self, attr: u16, data: &[u8]) {
         // SAFETY: valid element; libnftnl copies `data.len()` bytes.
         unsafe { sys::nftnl_set_elem_set(self.0.as_ptr(), attr, data.as_ptr().cast::<c_void>(), len32(data)) };
     }
-    pub fn u32(&mut self, attr: u16, value: u32) {
+    pub(super) fn u32(&mut self, attr: u16, value: u32) {
         // SAFETY: valid element; the attribute is a u32 attribute.
         unsafe { sys::nftnl_set_elem_set_u32(self.0.as_ptr(), attr, value) };
     }
-    pub fn str(&mut self, attr: u16, value: &str) -> Result<(), NetlinkError> {
+    pub(super) fn str(&mut self, attr: u16, value: &str) -> Result<(), NetlinkError> {
         let c = cstring(value)?;
         // SAFETY: valid element and NUL-terminated string; libnftnl copies it.
         unsafe { sys::nftnl_set_elem_set_str(self.0.as_ptr(), attr, c.as_ptr()) };
@@ -440,17 +457,17 @@ impl Drop for SetElem {
 }
 
 /// An element of a set read from the kernel.
-pub struct SetElemRef<'a> {
+pub(super) struct SetElemRef<'a> {
     ptr: NonNull<sys::nftnl_set_elem>,
     _set: std::marker::PhantomData<&'a Set>,
 }
 
 impl SetElemRef<'_> {
-    pub fn is_set(&self, attr: u16) -> bool {
+    pub(super) fn is_set(&self, attr: u16) -> bool {
         // SAFETY: valid element borrowed from its set.
         unsafe { sys::nftnl_set_elem_is_set(self.ptr.as_ptr(), attr) }
     }
-    pub fn data(&self, attr: u16) -> Option<Vec<u8>> {
+    pub(super) fn data(&self, attr: u16) -> Option<Vec<u8>> {
         if !self.is_set(attr) {
             return None;
         }
@@ -458,11 +475,11 @@ impl SetElemRef<'_> {
         // SAFETY: valid element; the buffer holds `len` bytes owned by it.
         unsafe { copy_out(sys::nftnl_set_elem_get(self.ptr.as_ptr(), attr, &mut len), len) }
     }
-    pub fn u32(&self, attr: u16) -> Option<u32> {
+    pub(super) fn u32(&self, attr: u16) -> Option<u32> {
         // SAFETY: valid element.
         self.is_set(attr).then(|| unsafe { sys::nftnl_set_elem_get_u32(self.ptr.as_ptr(), attr) })
     }
-    pub fn str(&self, attr: u16) -> Option<String> {
+    pub(super) fn str(&self, attr: u16) -> Option<String> {
         if !self.is_set(attr) {
             return None;
         }
@@ -471,78 +488,204 @@ impl SetElemRef<'_> {
     }
 }
 
-/// Writes a netlink header for an nf_tables message into `buf` and returns it.
-///
-/// # Safety
-/// `buf` must have room for a whole message (`nftnl::nft_nlmsg_maxsize()` bytes).
-pub unsafe fn build_header(buf: *mut c_void, msg_type: u16, family: u16, flags: u16, seq: u32) -> *mut libc::nlmsghdr {
-    // SAFETY: guaranteed by the caller.
-    unsafe { sys::nftnl_nlmsg_build_hdr(buf.cast(), msg_type, family, flags, seq) }
+impl Trace {
+    pub(super) fn is_set(&self, attr: u16) -> bool {
+        // SAFETY: valid object.
+        unsafe { sys::nftnl_trace_is_set(self.as_ptr(), attr) }
+    }
+    pub(super) fn get_str(&self, attr: u16) -> Option<String> {
+        if !self.is_set(attr) {
+            return None;
+        }
+        // SAFETY: valid object; NUL-terminated string owned by it.
+        opt_str(unsafe { sys::nftnl_trace_get_str(self.as_ptr(), attr) })
+    }
+    pub(super) fn get_u32(&self, attr: u16) -> Option<u32> {
+        // SAFETY: valid object; the attribute is read only when set.
+        self.is_set(attr).then(|| unsafe { sys::nftnl_trace_get_u32(self.as_ptr(), attr) })
+    }
+    pub(super) fn get_u64(&self, attr: u16) -> Option<u64> {
+        // SAFETY: valid object; the attribute is read only when set.
+        self.is_set(attr).then(|| unsafe { sys::nftnl_trace_get_u64(self.as_ptr(), attr) })
+    }
+    pub(super) fn get_data(&self, attr: u16) -> Option<Vec<u8>> {
+        if !self.is_set(attr) {
+            return None;
+        }
+        let mut len = 0u32;
+        // SAFETY: valid object; the buffer holds `len` bytes owned by it.
+        unsafe { copy_out(sys::nftnl_trace_get_data(self.as_ptr(), attr, &mut len), len) }
+    }
 }
 
-/// Parses an nf_tables message into a libnftnl object.
-pub fn parse_table(nlh: *const libc::nlmsghdr, t: &mut Table) -> bool {
-    // SAFETY: nlh points to a complete message in a receive buffer that outlives this call.
-    unsafe { sys::nftnl_table_nlmsg_parse(nlh, t.as_ptr()) >= 0 }
-}
-/// Parses a chain message.
-pub fn parse_chain(nlh: *const libc::nlmsghdr, c: &mut Chain) -> bool {
-    // SAFETY: as for `parse_table`.
-    unsafe { sys::nftnl_chain_nlmsg_parse(nlh, c.as_ptr()) >= 0 }
-}
-/// Parses a rule message.
-pub fn parse_rule(nlh: *const libc::nlmsghdr, r: &mut Rule) -> bool {
-    // SAFETY: as for `parse_table`.
-    unsafe { sys::nftnl_rule_nlmsg_parse(nlh, r.as_ptr()) >= 0 }
-}
-/// Parses a set message.
-pub fn parse_set(nlh: *const libc::nlmsghdr, s: &mut Set) -> bool {
-    // SAFETY: as for `parse_table`.
-    unsafe { sys::nftnl_set_nlmsg_parse(nlh, s.as_ptr()) >= 0 }
-}
-/// Parses a set-element message into the set's element list.
-pub fn parse_set_elems(nlh: *const libc::nlmsghdr, s: &mut Set) -> bool {
-    // SAFETY: as for `parse_table`.
-    unsafe { sys::nftnl_set_elems_nlmsg_parse(nlh, s.as_ptr()) >= 0 }
+/// What one nf_tables message carries: a libnftnl object, which libnftnl writes as the payload.
+pub(super) enum Body<'a> {
+    Table(&'a Table),
+    Chain(&'a Chain),
+    Rule(&'a Rule),
+    Set(&'a Set),
+    /// The elements a set object holds (`NEWSETELEM`, `DELSETELEM`, `GETSETELEM`).
+    SetElements(&'a Set),
 }
 
-/// Writes a table message payload.
+/// The bytes of a netlink header.
+const NLMSG_HDRLEN: usize = 16;
+
+/// Writes one message, header and payload, into `buf`; returns its length.
 ///
 /// # Safety
-/// `nlh` must be a header written by [`build_header`] in a buffer with room for the payload.
-pub unsafe fn table_payload(nlh: *mut libc::nlmsghdr, t: &Table) {
-    // SAFETY: guaranteed by the caller.
-    unsafe { sys::nftnl_table_nlmsg_build_payload(nlh, t.as_ptr()) }
+/// `buf` must be valid for writes of `nftnl::nft_nlmsg_maxsize()` bytes and 4-byte aligned.
+unsafe fn write_message(buf: *mut c_void, kind: u16, family: u16, flags: u16, seq: u32, body: &Body<'_>) -> usize {
+    // SAFETY: the caller guarantees room for a whole message; the header is written first, then
+    // libnftnl appends the object's attributes after it and updates its length.
+    unsafe {
+        let nlh = sys::nftnl_nlmsg_build_hdr(buf.cast(), kind, family, flags, seq);
+        match body {
+            Body::Table(t) => sys::nftnl_table_nlmsg_build_payload(nlh, t.as_ptr()),
+            Body::Chain(c) => sys::nftnl_chain_nlmsg_build_payload(nlh, c.as_ptr()),
+            Body::Rule(r) => sys::nftnl_rule_nlmsg_build_payload(nlh, r.as_ptr()),
+            Body::Set(s) => sys::nftnl_set_nlmsg_build_payload(nlh, s.as_ptr()),
+            Body::SetElements(s) => sys::nftnl_set_elems_nlmsg_build_payload(nlh, s.as_ptr()),
+        }
+        (*nlh).nlmsg_len as usize
+    }
 }
-/// Writes a chain message payload.
-///
-/// # Safety
-/// As for [`table_payload`].
-pub unsafe fn chain_payload(nlh: *mut libc::nlmsghdr, c: &Chain) {
-    // SAFETY: guaranteed by the caller.
-    unsafe { sys::nftnl_chain_nlmsg_build_payload(nlh, c.as_ptr()) }
+
+/// One standalone request (a `GET…`, dump or not): its bytes.
+pub(super) fn request(kind: u16, family: u16, flags: u16, seq: u32, body: Body<'_>) -> Vec<u8> {
+    let mut buf = vec![0u32; nftnl::nft_nlmsg_maxsize() as usize / 4 + 1];
+    // SAFETY: the buffer is u32-aligned and holds at least `nft_nlmsg_maxsize()` bytes.
+    let len = unsafe { write_message(buf.as_mut_ptr().cast(), kind, family, flags, seq, &body) };
+    buf.iter().flat_map(|w| w.to_ne_bytes()).take(len).collect()
 }
-/// Writes a rule message payload.
-///
-/// # Safety
-/// As for [`table_payload`].
-pub unsafe fn rule_payload(nlh: *mut libc::nlmsghdr, r: &Rule) {
-    // SAFETY: guaranteed by the caller.
-    unsafe { sys::nftnl_rule_nlmsg_build_payload(nlh, r.as_ptr()) }
+
+/// One message of a batch: an owned object, written when the batch is finalized.
+pub(super) struct BatchMessage {
+    kind: u16,
+    family: u16,
+    flags: u16,
+    body: OwnedBody,
+    /// The sequence number the batch gave the message.
+    seq: Cell<u32>,
 }
-/// Writes a set message payload.
-///
-/// # Safety
-/// As for [`table_payload`].
-pub unsafe fn set_payload(nlh: *mut libc::nlmsghdr, s: &Set) {
-    // SAFETY: guaranteed by the caller.
-    unsafe { sys::nftnl_set_nlmsg_build_payload(nlh, s.as_ptr()) }
+
+enum OwnedBody {
+    Table(Table),
+    Chain(Chain),
+    Rule(Rule),
+    Set(Set),
+    SetElements(Set),
 }
-/// Writes a set-element message payload (all elements held by `s`).
-///
-/// # Safety
-/// As for [`table_payload`].
-pub unsafe fn set_elems_payload(nlh: *mut libc::nlmsghdr, s: &Set) {
-    // SAFETY: guaranteed by the caller.
-    unsafe { sys::nftnl_set_elems_nlmsg_build_payload(nlh, s.as_ptr()) }
+
+/// An object to own in a [`BatchMessage`].
+pub(super) enum Object {
+    Table(Table),
+    Chain(Chain),
+    Rule(Rule),
+    Set(Set),
+    SetElements(Set),
+}
+
+impl BatchMessage {
+    /// A message of type `kind` carrying `object`.
+    pub(super) fn new(kind: u16, family: u16, flags: u16, object: Object) -> BatchMessage {
+        let body = match object {
+            Object::Table(t) => OwnedBody::Table(t),
+            Object::Chain(c) => OwnedBody::Chain(c),
+            Object::Rule(r) => OwnedBody::Rule(r),
+            Object::Set(s) => OwnedBody::Set(s),
+            Object::SetElements(s) => OwnedBody::SetElements(s),
+        };
+        BatchMessage { kind, family, flags, body, seq: Cell::new(0) }
+    }
+
+    /// The sequence number the batch gave it (once added).
+    pub(super) fn seq(&self) -> u32 {
+        self.seq.get()
+    }
+}
+
+// SAFETY: `write` builds exactly one message whose size is bounded: element messages are cut to
+// a budget well below `nft_nlmsg_maxsize()` by the encoder, and other objects are far below it.
+unsafe impl nftnl::NlMsg for BatchMessage {
+    unsafe fn write(&self, buf: *mut c_void, seq: u32, _: nftnl::MsgType) {
+        self.seq.set(seq);
+        let body = match &self.body {
+            OwnedBody::Table(t) => Body::Table(t),
+            OwnedBody::Chain(c) => Body::Chain(c),
+            OwnedBody::Rule(r) => Body::Rule(r),
+            OwnedBody::Set(s) => Body::Set(s),
+            OwnedBody::SetElements(s) => Body::SetElements(s),
+        };
+        // SAFETY: the batch hands us a 4-byte aligned buffer of `nft_nlmsg_maxsize()` bytes.
+        unsafe {
+            write_message(buf, self.kind, self.family, self.flags, seq, &body);
+        }
+    }
+}
+
+/// One whole netlink message as received: 4-byte aligned, at least a header long, its length
+/// field exactly its size. Only [`Received::new`] makes one, so libnftnl may parse it.
+pub(super) struct Received<'a>(&'a [u8]);
+
+impl<'a> Received<'a> {
+    /// The message in `bytes`, if they can be one.
+    pub(super) fn new(bytes: &'a [u8]) -> Option<Received<'a>> {
+        if bytes.len() < NLMSG_HDRLEN || !(bytes.as_ptr() as usize).is_multiple_of(4) {
+            return None;
+        }
+        let len = u32::from_ne_bytes([bytes[0], bytes[1], bytes[2], bytes[3]]) as usize;
+        (len == bytes.len()).then_some(Received(bytes))
+    }
+
+    fn header(&self) -> *const libc::nlmsghdr {
+        self.0.as_ptr().cast()
+    }
+
+    /// The table the message describes.
+    pub(super) fn table(&self) -> Option<Table> {
+        let t = Table::new().ok()?;
+        // SAFETY: a whole, aligned message (see `Received::new`), alive for the call.
+        (unsafe { sys::nftnl_table_nlmsg_parse(self.header(), t.as_ptr()) } >= 0).then_some(t)
+    }
+
+    /// The chain the message describes.
+    pub(super) fn chain(&self) -> Option<Chain> {
+        let c = Chain::new().ok()?;
+        // SAFETY: as for `table`.
+        (unsafe { sys::nftnl_chain_nlmsg_parse(self.header(), c.as_ptr()) } >= 0).then_some(c)
+    }
+
+    /// The rule the message describes.
+    pub(super) fn rule(&self) -> Option<Rule> {
+        let r = Rule::new().ok()?;
+        // SAFETY: as for `table`.
+        (unsafe { sys::nftnl_rule_nlmsg_parse(self.header(), r.as_ptr()) } >= 0).then_some(r)
+    }
+
+    /// The set the message describes.
+    pub(super) fn set(&self) -> Option<Set> {
+        let s = Set::new().ok()?;
+        // SAFETY: as for `table`.
+        (unsafe { sys::nftnl_set_nlmsg_parse(self.header(), s.as_ptr()) } >= 0).then_some(s)
+    }
+
+    /// The set elements the message carries, in a set object holding them.
+    pub(super) fn set_elements(&self) -> Option<Set> {
+        let s = Set::new().ok()?;
+        // SAFETY: as for `table`.
+        (unsafe { sys::nftnl_set_elems_nlmsg_parse(self.header(), s.as_ptr()) } >= 0).then_some(s)
+    }
+
+    /// The trace event the message carries (`NFT_MSG_TRACE`).
+    pub(super) fn trace(&self) -> Option<Trace> {
+        let t = Trace::new().ok()?;
+        // SAFETY: as for `table`.
+        (unsafe { sys::nftnl_trace_nlmsg_parse(self.header(), t.as_ptr()) } >= 0).then_some(t)
+    }
+
+    /// The message's bytes, header included.
+    pub(super) fn bytes(&self) -> &'a [u8] {
+        self.0
+    }
 }

@@ -12,41 +12,75 @@ use std::sync::Arc;
 use indexmap::IndexMap;
 use ipnet::IpNet;
 
+use crate::model::{NamespacedName, ServicePortName};
 use crate::net::{IpFamily, L4Proto};
 
 /// Who an nftables object belongs to, so a kernel error can be traced back to a Kubernetes
-/// object. Service-port objects carry `namespace/name:port`; shared plumbing carries
-/// [`Owner::infrastructure`].
+/// object: a service port, or nftproxy's shared plumbing. Cheap to clone (elements of one
+/// service port share one allocation).
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub struct Owner(Arc<str>);
+pub enum Owner {
+    /// The table, base chains, shared sets and maps.
+    Infrastructure,
+    /// A service port's chains, sets and elements.
+    ServicePort(Arc<OwnerRef>),
+}
+
+/// The service port an object belongs to, as its comments name it (`namespace/name:port`).
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct OwnerRef {
+    pub service: NamespacedName,
+    /// The port name; empty for a Service's single unnamed port.
+    pub port: String,
+}
 
 impl Owner {
-    const INFRASTRUCTURE: &'static str = "nftproxy";
-
-    /// An owner named by `name` (for service ports: `ns/svc:port`).
-    pub fn new(name: impl Into<Arc<str>>) -> Owner {
-        Owner(name.into())
-    }
-
     /// The owner of the table, base chains and shared maps.
     pub fn infrastructure() -> Owner {
-        Owner(Arc::from(Self::INFRASTRUCTURE))
+        Owner::Infrastructure
+    }
+
+    /// The owner of a service port's objects.
+    pub fn service_port(name: &ServicePortName) -> Owner {
+        Owner::ServicePort(Arc::new(OwnerRef { service: name.service.clone(), port: name.port.clone() }))
     }
 
     /// True for shared plumbing rather than a service port.
     pub fn is_infrastructure(&self) -> bool {
-        &*self.0 == Self::INFRASTRUCTURE
+        matches!(self, Owner::Infrastructure)
     }
 
-    /// The owner's name.
-    pub fn as_str(&self) -> &str {
-        &self.0
+    /// The Service this owner belongs to, if any.
+    pub fn service(&self) -> Option<&NamespacedName> {
+        match self {
+            Owner::Infrastructure => None,
+            Owner::ServicePort(r) => Some(&r.service),
+        }
+    }
+
+    /// The owner an element comment read back from the kernel names: `namespace/name:port` (or
+    /// `namespace/name`) for a service port; anything else is nftproxy's own. A comment cut at
+    /// nft's 127-byte limit can lose the port name, never the Service (two DNS labels and a `/`
+    /// fit).
+    pub fn from_comment(comment: &str) -> Owner {
+        let (service, port) = comment.split_once(':').unwrap_or((comment, ""));
+        let Some((namespace, name)) = service.split_once('/') else { return Owner::Infrastructure };
+        let label =
+            |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-');
+        if !label(namespace) || !label(name) {
+            return Owner::Infrastructure;
+        }
+        Owner::ServicePort(Arc::new(OwnerRef { service: NamespacedName::new(namespace, name), port: port.to_string() }))
     }
 }
 
 impl fmt::Display for Owner {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.0)
+        match self {
+            Owner::Infrastructure => f.write_str("nftproxy"),
+            Owner::ServicePort(r) if r.port.is_empty() => write!(f, "{}", r.service),
+            Owner::ServicePort(r) => write!(f, "{}:{}", r.service, r.port),
+        }
     }
 }
 
@@ -274,6 +308,9 @@ pub enum Value {
     Port(u16),
     /// A range of `numgen` results (the key of an endpoint map), both ends included.
     IndexRange(u32, u32),
+    /// One `numgen` result, a field of a balancing map's key (host byte order, as numgen
+    /// writes it).
+    Index(u32),
     /// An interface name; a trailing `*` matches a prefix.
     Ifname(String),
 }
@@ -334,6 +371,9 @@ pub enum Stmt {
     Dnat { addr: IpAddr, port: u16 },
     /// `dnat ip to numgen random mod N offset K map @map`
     DnatNumgenMap { family: IpFamily, modulus: u32, offset: u32, map: String },
+    /// `dnat ip to ip daddr . meta l4proto . th dport . numgen random mod N map @map`: the
+    /// packet's own fields and a random index in `0..N` pick the endpoint.
+    DnatBalanceMap { family: IpFamily, key: Vec<Selector>, modulus: u32, map: String },
     /// `jump x`, `goto x`, `drop`, `return`.
     Verdict(Verdict),
 }
@@ -351,6 +391,16 @@ pub enum SetShape {
     ServiceVerdicts(IpFamily),
     /// `type inet_proto . inet_service : verdict`
     PortVerdicts,
+    /// `type ipv4_addr . inet_proto . inet_service` (service addresses that are balanced)
+    ServiceKeys(IpFamily),
+    /// `type inet_proto . inet_service` (node ports that are balanced)
+    PortKeys,
+    /// `typeof ip daddr . meta l4proto . th dport . numgen random mod 1 : ip daddr . th dport`
+    /// (a service address's endpoints by index)
+    ServiceEndpoints(IpFamily),
+    /// `typeof meta l4proto . th dport . numgen random mod 1 : ip daddr . th dport` (a node
+    /// port's endpoints by index)
+    NodeportEndpoints(IpFamily),
     /// `typeof numgen random mod 1 : ip daddr . th dport; flags interval` (numgen range → DNAT
     /// target)
     EndpointTargets(IpFamily),
@@ -369,6 +419,8 @@ impl SetShape {
                 | SetShape::PortVerdicts
                 | SetShape::EndpointTargets(_)
                 | SetShape::EndpointChains
+                | SetShape::ServiceEndpoints(_)
+                | SetShape::NodeportEndpoints(_)
         )
     }
 }

@@ -13,7 +13,8 @@ use super::render::family_keyword;
 use super::wire::*;
 use crate::net::IpFamily;
 
-/// What one operation does.
+/// What one operation does. `DeleteRule` deletes a rule by its kernel handle (kube-proxy's
+/// leftovers in foreign tables, issue 14).
 #[derive(Debug, Clone)]
 pub enum OpKind {
     AddTable { flags: u32, userdata: Option<Vec<u8>> },
@@ -26,9 +27,43 @@ pub enum OpKind {
     DeleteSet { set: String },
     AddElements { set: String, elements: Vec<(WireKey, WireElement)> },
     DeleteElements { set: String, keys: Vec<(WireKey, Owner)> },
+    DeleteRule { chain: String, handle: u64 },
+}
+
+/// What an operation does, without its data: what decisions about a refused message look at.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum OpTag {
+    AddTable,
+    DeleteTable,
+    AddChain,
+    FlushChain,
+    DeleteChain,
+    AddRule,
+    AddSet,
+    DeleteSet,
+    AddElements,
+    DeleteElements,
+    DeleteRule,
 }
 
 impl OpKind {
+    /// The operation's tag.
+    pub fn tag(&self) -> OpTag {
+        match self {
+            OpKind::AddTable { .. } => OpTag::AddTable,
+            OpKind::DeleteTable => OpTag::DeleteTable,
+            OpKind::AddChain { .. } => OpTag::AddChain,
+            OpKind::FlushChain { .. } => OpTag::FlushChain,
+            OpKind::DeleteChain { .. } => OpTag::DeleteChain,
+            OpKind::AddRule { .. } => OpTag::AddRule,
+            OpKind::AddSet { .. } => OpTag::AddSet,
+            OpKind::DeleteSet { .. } => OpTag::DeleteSet,
+            OpKind::AddElements { .. } => OpTag::AddElements,
+            OpKind::DeleteElements { .. } => OpTag::DeleteElements,
+            OpKind::DeleteRule { .. } => OpTag::DeleteRule,
+        }
+    }
+
     /// Whether the operation adds an object (rather than flushing or deleting one).
     pub fn is_addition(&self) -> bool {
         matches!(
@@ -81,6 +116,7 @@ impl fmt::Display for Op {
             OpKind::DeleteElements { set, keys } => {
                 write!(f, "delete element {t} {set} ({} elements)", keys.len())
             }
+            OpKind::DeleteRule { chain, handle } => write!(f, "delete rule {t} {chain} handle {handle}"),
         }
     }
 }

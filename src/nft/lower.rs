@@ -73,13 +73,19 @@ fn selector_load(sel: Selector, dreg: u32) -> (LowExpr, usize) {
 /// Loads a (possibly concatenated) key into consecutive registers starting at `reg 1`, each
 /// field padded to 32 bits, as nft does. Returns the first register.
 fn load_concat(key: &[Selector], out: &mut Vec<LowExpr>) -> u32 {
+    load_concat_words(key, out);
+    REG_1
+}
+
+/// [`load_concat`], returning how many 32-bit words the key fills.
+fn load_concat_words(key: &[Selector], out: &mut Vec<LowExpr>) -> u32 {
     let mut word = 0u32;
     for sel in key {
         let (load, len) = selector_load(*sel, register_for_word(word));
         out.push(load);
         word += u32::try_from(len.div_ceil(4)).unwrap_or(4);
     }
-    REG_1
+    word
 }
 
 fn verdict_expr(v: &Verdict) -> LowExpr {
@@ -186,19 +192,32 @@ fn lower_stmt(stmt: &Stmt, out: &mut Vec<LowExpr>) {
             out.push(numgen(*modulus, *offset));
             out.push(hton_u32());
             out.push(LowExpr::Lookup { sreg: REG_1, dreg: Some(REG_1), set: map.clone(), flags: 0 });
-            let addr_words = match family {
-                IpFamily::V4 => 1,
-                IpFamily::V6 => 4,
-            };
-            out.push(LowExpr::Nat {
-                kind: NAT_DNAT,
-                family: nfproto(*family),
-                reg_addr: Some(REG_1),
-                reg_proto: Some(register_for_word(addr_words)),
-                flags: 0,
-            });
+            out.push(dnat_from_registers(*family));
+        }
+        Stmt::DnatBalanceMap { family, key, modulus, map } => {
+            // The key's fields, then the numgen result in the word after them: a hash map's
+            // key compares as bytes, so the index stays in host order (no byteorder).
+            let words = load_concat_words(key, out);
+            out.push(LowExpr::Numgen { dreg: register_for_word(words), modulus: *modulus, kind: NG_RANDOM, offset: 0 });
+            out.push(LowExpr::Lookup { sreg: REG_1, dreg: Some(REG_1), set: map.clone(), flags: 0 });
+            out.push(dnat_from_registers(*family));
         }
         Stmt::Verdict(v) => out.push(verdict_expr(v)),
+    }
+}
+
+/// `dnat` to the address in `reg 1` and the port in the word after it (a map lookup's result).
+fn dnat_from_registers(family: IpFamily) -> LowExpr {
+    let addr_words = match family {
+        IpFamily::V4 => 1,
+        IpFamily::V6 => 4,
+    };
+    LowExpr::Nat {
+        kind: NAT_DNAT,
+        family: nfproto(family),
+        reg_addr: Some(REG_1),
+        reg_proto: Some(register_for_word(addr_words)),
+        flags: 0,
     }
 }
 
@@ -296,7 +315,7 @@ fn value_bytes(value: &Value, len: usize) -> Vec<u8> {
         Value::Prefix(p) => addr_bytes(&p.addr()),
         Value::Proto(p) => vec![p.number()],
         Value::Port(p) => p.to_be_bytes().to_vec(),
-        Value::IndexRange(lo, _) => lo.to_ne_bytes().to_vec(),
+        Value::IndexRange(lo, _) | Value::Index(lo) => lo.to_ne_bytes().to_vec(),
         Value::Ifname(n) => {
             let mut d = n.as_bytes().to_vec();
             d.resize(len, 0);
@@ -368,6 +387,33 @@ pub fn set_spec(shape: SetShape, timeout_secs: Option<u32>, comment: Option<&str
         SetShape::EndpointChains => {
             (SET_MAP | SET_INTERVAL, TYPE_INTEGER, 4, Some(DATA_VERDICT), 0, hex(udata_prefix::NUMGEN_TO_VERDICT))
         }
+        SetShape::ServiceKeys(fam) => {
+            let (t, l) = addr_type(fam);
+            let key = concat(&[t, TYPE_INET_PROTOCOL, TYPE_INET_SERVICE]);
+            (0, key, l + 8, None, 0, udata_prefix::CONCAT_KEY.to_vec())
+        }
+        SetShape::PortKeys => {
+            let key = concat(&[TYPE_INET_PROTOCOL, TYPE_INET_SERVICE]);
+            (0, key, 8, None, 0, udata_prefix::CONCAT_KEY.to_vec())
+        }
+        SetShape::ServiceEndpoints(fam) => {
+            let (t, l) = addr_type(fam);
+            let blob = match fam {
+                IpFamily::V4 => udata_prefix::SERVICE_INDEX_TO_IP_DPORT,
+                IpFamily::V6 => udata_prefix::SERVICE_INDEX_TO_IP6_DPORT,
+            };
+            let key = concat(&[t, TYPE_INET_PROTOCOL, TYPE_INET_SERVICE, TYPE_INTEGER]);
+            (SET_MAP, key, l + 12, Some(concat(&[t, TYPE_INET_SERVICE])), l + 4, hex(blob))
+        }
+        SetShape::NodeportEndpoints(fam) => {
+            let (t, l) = addr_type(fam);
+            let blob = match fam {
+                IpFamily::V4 => udata_prefix::NODEPORT_INDEX_TO_IP_DPORT,
+                IpFamily::V6 => udata_prefix::NODEPORT_INDEX_TO_IP6_DPORT,
+            };
+            let key = concat(&[TYPE_INET_PROTOCOL, TYPE_INET_SERVICE, TYPE_INTEGER]);
+            (SET_MAP, key, 12, Some(concat(&[t, TYPE_INET_SERVICE])), l + 4, hex(blob))
+        }
     };
     if let Some(c) = comment {
         udata::put_str(&mut ud, udata::SET_COMMENT, c);
@@ -388,18 +434,26 @@ pub fn set_spec(shape: SetShape, timeout_secs: Option<u32>, comment: Option<&str
 /// `typeof numgen random mod 1 : ip daddr . th dport` instead of raw integers.
 mod udata_prefix {
     /// KEYBYTEORDER = big endian.
-    pub const BIG_ENDIAN_KEY: [u8; 6] = [0, 4, 2, 0, 0, 0];
+    pub(super) const BIG_ENDIAN_KEY: [u8; 6] = [0, 4, 2, 0, 0, 0];
     /// KEYBYTEORDER = 0, KEY_TYPEOF = concat with no typeof data.
-    pub const CONCAT_KEY: [u8; 16] = [0, 4, 0, 0, 0, 0, 3, 8, 0, 4, 0x0d, 0, 0, 0, 1, 0];
+    pub(super) const CONCAT_KEY: [u8; 16] = [0, 4, 0, 0, 0, 0, 3, 8, 0, 4, 0x0d, 0, 0, 0, 1, 0];
     /// KEYBYTEORDER, DATABYTEORDER, KEY_TYPEOF concat, DATA_INTERVAL = 0.
-    pub const CONCAT_VERDICT_MAP: [u8; 28] =
+    pub(super) const CONCAT_VERDICT_MAP: [u8; 28] =
         [0, 4, 0, 0, 0, 0, 1, 4, 0, 0, 0, 0, 3, 8, 0, 4, 0x0d, 0, 0, 0, 1, 0, 6, 4, 0, 0, 0, 0];
     /// `typeof numgen random mod 1 : ip daddr . th dport`
-    pub const NUMGEN_TO_IP_DPORT: &str = "000401000000010400000000031a0004170000000112000401000000010401000000020400000000043400040d000000012c0014000407000000010c00040c00000001040c0000000114000407000000010c00040b000000010402000000060400000000";
+    pub(super) const NUMGEN_TO_IP_DPORT: &str = "000401000000010400000000031a0004170000000112000401000000010401000000020400000000043400040d000000012c0014000407000000010c00040c00000001040c0000000114000407000000010c00040b000000010402000000060400000000";
     /// `typeof numgen random mod 1 : ip6 daddr . th dport`
-    pub const NUMGEN_TO_IP6_DPORT: &str = "000401000000010400000000031a0004170000000112000401000000010401000000020400000000043400040d000000012c0014000407000000010c00040d0000000104090000000114000407000000010c00040b000000010402000000060400000000";
+    pub(super) const NUMGEN_TO_IP6_DPORT: &str = "000401000000010400000000031a0004170000000112000401000000010401000000020400000000043400040d000000012c0014000407000000010c00040d0000000104090000000114000407000000010c00040b000000010402000000060400000000";
+    /// `typeof ip daddr . meta l4proto . th dport . numgen random mod 1 : ip daddr . th dport`
+    pub(super) const SERVICE_INDEX_TO_IP_DPORT: &str = "000400000000010400000000036000040d00000001580014000407000000010c00040c00000001040c000000010e00040900000001060004100000000214000407000000010c00040b000000010402000000031a0004170000000112000401000000010401000000020400000000043400040d000000012c0014000407000000010c00040c00000001040c0000000114000407000000010c00040b000000010402000000060400000000";
+    /// `typeof ip6 daddr . meta l4proto . th dport . numgen random mod 1 : ip6 daddr . th dport`
+    pub(super) const SERVICE_INDEX_TO_IP6_DPORT: &str = "000400000000010400000000036000040d00000001580014000407000000010c00040d000000010409000000010e00040900000001060004100000000214000407000000010c00040b000000010402000000031a0004170000000112000401000000010401000000020400000000043400040d000000012c0014000407000000010c00040d0000000104090000000114000407000000010c00040b000000010402000000060400000000";
+    /// `typeof meta l4proto . th dport . numgen random mod 1 : ip daddr . th dport`
+    pub(super) const NODEPORT_INDEX_TO_IP_DPORT: &str = "000400000000010400000000034a00040d0000000142000e00040900000001060004100000000114000407000000010c00040b000000010402000000021a0004170000000112000401000000010401000000020400000000043400040d000000012c0014000407000000010c00040c00000001040c0000000114000407000000010c00040b000000010402000000060400000000";
+    /// `typeof meta l4proto . th dport . numgen random mod 1 : ip6 daddr . th dport`
+    pub(super) const NODEPORT_INDEX_TO_IP6_DPORT: &str = "000400000000010400000000034a00040d0000000142000e00040900000001060004100000000114000407000000010c00040b000000010402000000021a0004170000000112000401000000010401000000020400000000043400040d000000012c0014000407000000010c00040d0000000104090000000114000407000000010c00040b000000010402000000060400000000";
     /// `typeof numgen random mod 1 : verdict`
-    pub const NUMGEN_TO_VERDICT: &str = "000401000000010400000000031a000417000000011200040100000001040100000002040000000004080004010000000100060400000000";
+    pub(super) const NUMGEN_TO_VERDICT: &str = "000401000000010400000000031a000417000000011200040100000001040100000002040000000004080004010000000100060400000000";
 }
 
 fn hex(s: &str) -> Vec<u8> {
@@ -424,10 +478,21 @@ impl Comments {
 
 /// Lowers one set and its elements.
 pub fn lower_set(set: &Set) -> WireSet {
-    let spec = set_spec(set.shape, set.timeout_secs, set.comment.as_deref());
+    WireSet {
+        name: set.name.clone(),
+        spec: set_spec(set.shape, set.timeout_secs, set.comment.as_deref()),
+        elements: lower_elements(set.shape, &set.elements),
+        dynamic: matches!(set.shape, SetShape::Affinity(_)),
+        owner: set.owner.clone(),
+    }
+}
+
+/// Lowers the elements of a set of this shape: keys as the kernel orders them, interval sets as
+/// start and end elements.
+pub fn lower_elements(shape: SetShape, set: &BTreeMap<Vec<Value>, Element>) -> BTreeMap<WireKey, WireElement> {
     let mut elements = BTreeMap::new();
     let mut comments = Comments::default();
-    match set.shape {
+    match shape {
         SetShape::Affinity(_) => {}
         SetShape::Prefixes(fam) => {
             for (key, element) in interval_elements(fam, set, &mut comments) {
@@ -435,7 +500,7 @@ pub fn lower_set(set: &Set) -> WireSet {
             }
         }
         SetShape::EndpointTargets(_) | SetShape::EndpointChains => {
-            for (key, element) in &set.elements {
+            for (key, element) in set {
                 // Big-endian keys: the rule converts the numgen result before the lookup.
                 let Some(Value::IndexRange(lo, hi)) = key.first() else { continue };
                 elements.insert(WireKey::new(&lo.to_be_bytes()), lower_element(element, &mut comments));
@@ -447,19 +512,13 @@ pub fn lower_set(set: &Set) -> WireSet {
             }
         }
         _ => {
-            for (key, element) in &set.elements {
+            for (key, element) in set {
                 let key = WireKey { bytes: concat_bytes(key), interval_end: false };
                 elements.insert(key, lower_element(element, &mut comments));
             }
         }
     }
-    WireSet {
-        name: set.name.clone(),
-        spec,
-        elements,
-        dynamic: matches!(set.shape, SetShape::Affinity(_)),
-        owner: set.owner.clone(),
-    }
+    elements
 }
 
 /// One element's data and comment.
@@ -478,9 +537,12 @@ fn lower_element(element: &Element, comments: &mut Comments) -> WireElement {
 /// Interval sets as nft encodes them for the kernel's rbtree: each range becomes a start element
 /// and an end element one past its last address (flagged `INTERVAL_END`), and a leading end
 /// element at the zero address opens the tree when the first range starts above it.
-fn interval_elements(family: IpFamily, set: &Set, comments: &mut Comments) -> Vec<(WireKey, WireElement)> {
+fn interval_elements(
+    family: IpFamily,
+    set: &BTreeMap<Vec<Value>, Element>,
+    comments: &mut Comments,
+) -> Vec<(WireKey, WireElement)> {
     let mut ranges: Vec<(u128, u128, &Element)> = set
-        .elements
         .iter()
         .filter_map(|(key, element)| match key.first() {
             Some(Value::Prefix(net)) => Some((net, element)),
@@ -507,10 +569,12 @@ fn interval_elements(family: IpFamily, set: &Set, comments: &mut Comments) -> Ve
     };
     let infra = |owner: &Owner| WireElement { data: WireData::None, userdata: None, owner: owner.clone() };
     let mut out = Vec::new();
-    if let Some((start, _, _)) = ranges.first()
+    // The leading end element belongs to whoever owns the first range (the whole set has one
+    // owner: the infrastructure, or the service port of a source-ranges set).
+    if let Some((start, _, first)) = ranges.first()
         && *start != 0
     {
-        out.push((WireKey::end(&to_bytes(0)), infra(&set.owner)));
+        out.push((WireKey::end(&to_bytes(0)), infra(&first.owner)));
     }
     for (start, end, element) in ranges {
         out.push((WireKey::new(&to_bytes(start)), lower_element(element, comments)));

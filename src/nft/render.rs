@@ -128,6 +128,15 @@ pub fn shape_declaration(shape: SetShape) -> String {
             format!("typeof numgen random mod 1 : {} daddr . th dport", family_keyword(fam))
         }
         SetShape::EndpointChains => "typeof numgen random mod 1 : verdict".to_string(),
+        SetShape::ServiceKeys(fam) => format!("type {} . inet_proto . inet_service", addr(fam)),
+        SetShape::PortKeys => "type inet_proto . inet_service".to_string(),
+        SetShape::ServiceEndpoints(fam) => {
+            let ip = family_keyword(fam);
+            format!("typeof {ip} daddr . meta l4proto . th dport . numgen random mod 1 : {ip} daddr . th dport")
+        }
+        SetShape::NodeportEndpoints(fam) => {
+            format!("typeof meta l4proto . th dport . numgen random mod 1 : {} daddr . th dport", family_keyword(fam))
+        }
     }
 }
 
@@ -240,6 +249,7 @@ impl Display for Value {
             Value::Port(p) => write!(f, "{p}"),
             Value::IndexRange(lo, hi) if lo == hi => write!(f, "{lo}"),
             Value::IndexRange(lo, hi) => write!(f, "{lo}-{hi}"),
+            Value::Index(i) => write!(f, "{i}"),
             Value::Ifname(n) => write!(f, "{}", quoted(n)),
         }
     }
@@ -304,6 +314,10 @@ impl Display for Stmt {
             Stmt::Dnat { addr: IpAddr::V6(a), port } => write!(f, "dnat to [{a}]:{port}"),
             Stmt::DnatNumgenMap { family, modulus, offset, map } => {
                 write!(f, "dnat {} to {} map @{map}", family_keyword(*family), Numgen(*modulus, *offset))
+            }
+            Stmt::DnatBalanceMap { family, key, modulus, map } => {
+                let (ip, key) = (family_keyword(*family), concat_selectors(key));
+                write!(f, "dnat {ip} to {key} . {} map @{map}", Numgen(*modulus, 0))
             }
             Stmt::Verdict(v) => write!(f, "{v}"),
         }

@@ -437,6 +437,62 @@ impl WireTable {
     }
 }
 
+/// A balancing rule found in a table: `numgen random mod {modulus} offset {offset}` followed by
+/// a lookup of the result in `map`, and how many ranges start inside that window of the map.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NumgenWindow {
+    pub chain: String,
+    pub map: String,
+    pub modulus: u32,
+    pub offset: u32,
+    /// Range starts in `[offset, offset + modulus)` of the map: the endpoints the window holds.
+    pub load: u32,
+}
+
+impl WireTable {
+    /// Every balancing rule of the table (`numgen … offset K` then a map lookup), read back from
+    /// the kernel so that a restarted proxy finds where each chain's endpoints are.
+    pub fn numgen_windows(&self) -> Vec<NumgenWindow> {
+        let mut out = Vec::new();
+        for chain in self.chains.values() {
+            for rule in &chain.rules {
+                for triple in rule.exprs.windows(3) {
+                    let [
+                        LowExpr::Numgen { modulus, offset, .. },
+                        LowExpr::Byteorder { .. },
+                        LowExpr::Lookup { set, .. },
+                    ] = triple
+                    else {
+                        continue;
+                    };
+                    // Keys are big-endian numbers, so the window is a range of the ordered map.
+                    let load = self.sets.get(set).map_or(0, |s| {
+                        let start = WireKey::new(&offset.to_be_bytes());
+                        let starts = |k: &&WireKey| !k.interval_end && k.bytes.len() == 4;
+                        match offset.checked_add(*modulus) {
+                            Some(end) => s
+                                .elements
+                                .range(start..WireKey::end(&end.to_be_bytes()))
+                                .map(|(k, _)| k)
+                                .filter(starts)
+                                .count(),
+                            None => s.elements.range(start..).map(|(k, _)| k).filter(starts).count(),
+                        }
+                    });
+                    out.push(NumgenWindow {
+                        chain: chain.name.clone(),
+                        map: set.clone(),
+                        modulus: *modulus,
+                        offset: *offset,
+                        load: u32::try_from(load).unwrap_or(u32::MAX),
+                    });
+                }
+            }
+        }
+        out
+    }
+}
+
 /// A ruleset as the kernel holds it: nftproxy's tables, one per family.
 #[derive(Debug, Clone, Default)]
 pub struct WireRuleset {

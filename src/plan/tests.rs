@@ -9,13 +9,15 @@ use crate::netlink::{FakeNetfilter, Netfilter};
 use crate::nft::diff::{OpKind, Transaction, diff};
 use crate::nft::lower::lower_ruleset;
 use crate::nft::wire::WireRuleset;
+use crate::plan::objects::BalanceMap;
+use crate::plan::placement::Placement;
 use crate::source::{manifests, state_from_manifests};
 
 /// The node every fixture runs on.
-pub const NODE: &str = "node1";
+pub(crate) const NODE: &str = "node1";
 
 /// A cluster state from manifest YAML.
-pub fn state(yaml: &str) -> ClusterState {
+pub(crate) fn state(yaml: &str) -> ClusterState {
     let mut m = manifests::Manifests::default();
     manifests::load_text(Path::new("fixture.yaml"), yaml, &mut m);
     assert!(m.problems.is_empty(), "fixture problems: {:?}", m.problems);
@@ -25,22 +27,27 @@ pub fn state(yaml: &str) -> ClusterState {
 }
 
 /// The settings fixtures use: cluster CIDR 10.0.0.0/8.
-pub fn config() -> ProxyConfig {
+pub(crate) fn config() -> ProxyConfig {
     let mut c = ProxyConfig::new(NODE);
     c.cluster_cidrs = parse_cidrs("--cluster-cidr", "10.0.0.0/8").unwrap_or_default();
     c
 }
 
 /// Plans with node ports on 192.168.0.2 / fd00:192:168::2, for an empty kernel.
-pub fn plan_with(config: &ProxyConfig, state: &ClusterState) -> Plan {
-    plan_after(config, state, &mut SlotTable::new())
+pub(crate) fn plan_with(config: &ProxyConfig, state: &ClusterState) -> Plan {
+    plan_after(config, state, &mut Placement::new())
 }
 
-/// Plans like [`plan_with`], keeping endpoint blocks in `slots` as the reconciler does.
-pub fn plan_after(config: &ProxyConfig, state: &ClusterState, slots: &mut SlotTable) -> Plan {
+/// Plans like [`plan_with`], keeping endpoint windows where `placement` has them, as a full
+/// sync does.
+pub(crate) fn plan_after(config: &ProxyConfig, state: &ClusterState, placement: &mut Placement) -> Plan {
     let v4 = NodePorts::Addresses(vec!["192.168.0.2".parse().unwrap()]);
     let v6 = NodePorts::Addresses(vec!["fd00:192:168::2".parse().unwrap()]);
-    plan(&PlanInput { config, state, nodeports_v4: &v4, nodeports_v6: &v6 }, slots)
+    let input = PlanInput { config, state, nodeports_v4: &v4, nodeports_v6: &v6 };
+    let families = families(&input);
+    let demands = state.services().map(|svc| (svc.name.clone(), window_demands(&input, &families, svc)));
+    *placement = Placement::settle(placement.windows().collect::<Vec<_>>(), demands);
+    plan_placed(&input, placement)
 }
 
 fn golden_path(name: &str) -> PathBuf {
@@ -48,7 +55,7 @@ fn golden_path(name: &str) -> PathBuf {
 }
 
 /// Compares a rendering with its golden file; `NFTPROXY_UPDATE_GOLDEN=1` rewrites the file.
-pub fn assert_golden(name: &str, rendered: &str) {
+pub(crate) fn assert_golden(name: &str, rendered: &str) {
     let path = golden_path(name);
     if std::env::var_os("NFTPROXY_UPDATE_GOLDEN").is_some() {
         let old = std::fs::read_to_string(&path).unwrap_or_default();
@@ -61,7 +68,7 @@ pub fn assert_golden(name: &str, rendered: &str) {
 }
 
 /// The ClusterIP scenario of `nft-templates/clusterip.nft`.
-pub const CLUSTERIP: &str = r#"
+pub(crate) const CLUSTERIP: &str = r#"
 apiVersion: v1
 kind: Service
 metadata: {name: svc1, namespace: ns1}
@@ -158,15 +165,40 @@ fn masquerade_all_marks_every_clusterip_packet() {
 }
 
 #[test]
+fn service_cidrs_drop_unallocated_cluster_ips_after_the_reject() {
+    let with = format!(
+        "{CLUSTERIP}---\napiVersion: networking.k8s.io/v1\nkind: ServiceCIDR\nmetadata: {{name: kubernetes}}\nspec: {{cidrs: [172.30.0.0/16]}}\n"
+    );
+    let before = plan_with(&config(), &state(CLUSTERIP));
+    let after = plan_with(&config(), &state(&with));
+    let text = after.ruleset.to_string();
+    assert!(text.contains("set service-cidrs {\n\t\ttype ipv4_addr\n\t\tflags interval\n"), "{text}");
+    assert!(text.contains("elements = { 172.30.0.0/16 }"), "{text}");
+    let reject = "ct state new ip daddr @cluster-ips fib daddr type != local reject";
+    let drop = "ct state new ip daddr @service-cidrs fib daddr type != local drop comment \"Drop forwarded traffic to unallocated ClusterIPs\"";
+    let (r, d) = (text.find(reject).unwrap(), text.find(drop).unwrap_or_else(|| panic!("{text}")));
+    assert!(r < d, "the reject of allocated ClusterIPs comes first");
+    assert!(text.contains("ip daddr @service-cidrs drop comment \"Drop traffic to unallocated ClusterIPs\""));
+    assert_eq!(text.matches("table ip6").count(), 0, "no IPv6 range, no ip6 table");
+    // Appearing and going away are one transaction each, accepted by the fake kernel.
+    transition(&before, &after);
+    transition(&after, &before);
+    assert!(!before.ruleset.to_string().contains("service-cidrs"));
+}
+
+#[test]
 fn removing_the_last_endpoint_leaves_nothing_stale() {
     let before = plan_with(&config(), &state(CLUSTERIP));
     let without = CLUSTERIP.replace("- {addresses: [\"10.180.0.1\"], nodeName: node1}\n", "");
     let after = plan_with(&config(), &state(&without));
     let tx = transition(&before, &after);
     let text = after.ruleset.to_string();
-    assert!(!text.contains("ULMVA6XW"), "no chain or map of svc1 is left:\n{text}");
+    assert!(!text.contains("ns1/svc1:p80\" : 10.180"), "no endpoint of svc1 is left:\n{text}");
+    assert!(!text.contains("172.30.0.41 . tcp . 80 comment \"ns1/svc1:p80\","), "not balanced any more:\n{text}");
     assert!(text.contains("172.30.0.41 . tcp . 80 comment \"ns1/svc1:p80\" : goto reject-chain"));
-    assert!(summary(&tx).contains(&"delete chain ip nftproxy service-ULMVA6XW-ns1/svc1/tcp/p80".to_string()));
+    let s = summary(&tx);
+    assert!(s.contains(&"delete element ip nftproxy service-endpoints-1 (1 elements)".to_string()), "{s:#?}");
+    assert!(!s.iter().any(|l| l.contains(" chain ") || l.contains(" rule ")), "elements only: {s:#?}");
 }
 
 #[test]
@@ -176,16 +208,20 @@ fn renaming_a_port_replaces_its_objects() {
         .replace("ports: [{name: p80, port: 80, protocol: TCP}]\nendpoints:\n- {addresses: [\"10.180.0.1\"]", "ports: [{name: web, port: 80, protocol: TCP}]\nendpoints:\n- {addresses: [\"10.180.0.1\"]");
     let after = plan_with(&config(), &state(&renamed));
     let text = after.ruleset.to_string();
-    assert!(text.contains("ns1/svc1/tcp/web"), "{text}");
-    assert!(!text.contains("ns1/svc1/tcp/p80"));
+    assert!(text.contains("172.30.0.41 . tcp . 80 . 0 comment \"ns1/svc1:web\" : 10.180.0.1 . 80"), "{text}");
+    assert!(!text.contains("ns1/svc1:p80"));
     let tx = transition(&before, &after);
     let s = summary(&tx);
-    assert!(s.iter().any(|l| l == "delete chain ip nftproxy service-ULMVA6XW-ns1/svc1/tcp/p80"), "{s:#?}");
+    // The elements are the same but for their comment (the owner): replaced.
+    for set in ["balanced-service-ips", "service-endpoints-1"] {
+        assert!(s.contains(&format!("delete element ip nftproxy {set} (1 elements)")), "{s:#?}");
+        assert!(s.contains(&format!("add element ip nftproxy {set} (1 elements)")), "{s:#?}");
+    }
 }
 
 #[test]
 fn deleting_a_service_removes_all_of_it() {
-    let mut slots = SlotTable::new();
+    let mut slots = Placement::new();
     let before = plan_after(&config(), &state(CLUSTERIP), &mut slots);
     let mut s = state(CLUSTERIP);
     s.remove_service(&NamespacedName::new("ns2", "svc2"));
@@ -194,17 +230,9 @@ fn deleting_a_service_removes_all_of_it() {
     assert!(!text.contains("svc2"), "{text}");
     assert!(!text.contains("172.30.0.42"));
     let tx = transition(&before, &after);
-    // svc2 was the only service with a block in the shared map, so the emptied map goes too.
-    let deleted_sets: Vec<String> = tx
-        .ops
-        .iter()
-        .filter_map(|o| match &o.kind {
-            OpKind::DeleteSet { set } => Some(set.clone()),
-            _ => None,
-        })
-        .collect();
-    assert_eq!(deleted_sets, vec!["endpoints-0".to_string()], "{:#?}", summary(&tx));
-    let only_svc2 = tx.ops.iter().all(|o| o.owners().iter().all(|w| !w.as_str().starts_with("ns1/")));
+    // Element deletions only: the maps for two and three endpoints stay (preset counts).
+    assert!(tx.ops.iter().all(|o| matches!(o.kind, OpKind::DeleteElements { .. })), "{:#?}", summary(&tx));
+    let only_svc2 = tx.ops.iter().all(|o| o.owners().iter().all(|w| !w.to_string().starts_with("ns1/")));
     assert!(only_svc2, "only svc2's objects change: {:#?}", summary(&tx));
 }
 
@@ -214,7 +242,7 @@ fn an_endpoint_swap_is_element_operations_only() {
     let after = plan_with(&config(), &state(&CLUSTERIP.replace("10.180.4.1", "10.180.4.2")));
     let tx = transition(&before, &after);
     let s = summary(&tx);
-    let map = "endpoints-0";
+    let map = "service-endpoints-3";
     assert_eq!(
         s,
         vec![
@@ -227,29 +255,47 @@ fn an_endpoint_swap_is_element_operations_only() {
     );
 }
 
+/// One service `ns/big` with `n` endpoints.
+fn big_service(n: u32) -> String {
+    let endpoints: String = (0..n).map(|i| format!("- {{addresses: [\"10.181.0.{}\"]}}\n", i + 1)).collect();
+    format!(
+        "apiVersion: v1\nkind: Service\nmetadata: {{name: big, namespace: ns}}\nspec: {{clusterIP: 172.30.1.1, ports: [{{name: http, port: 80}}]}}\n---\napiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata: {{name: big-1, namespace: ns, labels: {{kubernetes.io/service-name: big}}}}\naddressType: IPv4\nports: [{{name: http, port: 8080}}]\nendpoints:\n{endpoints}"
+    )
+}
+
 #[test]
-fn adding_an_endpoint_changes_only_map_elements() {
-    let mut slots = SlotTable::new();
-    let before = plan_after(&config(), &state(CLUSTERIP), &mut slots);
+fn adding_an_endpoint_moves_the_port_to_the_map_for_its_new_count() {
+    let before = plan_with(&config(), &state(CLUSTERIP));
+    // svc2:dns-udp goes from two endpoints to three: element operations only (the kernel
+    // commits element changes in a data map or a plain set without validating the table).
     let more = CLUSTERIP.replace(
-        "- {addresses: [\"10.180.4.1\"], nodeName: node4}",
-        "- {addresses: [\"10.180.4.1\"], nodeName: node4}\n- {addresses: [\"10.180.5.1\"], nodeName: node5}",
+        "ports: [{name: http, port: 8080, protocol: TCP}]\nendpoints:\n- {addresses: [\"10.180.4.1\"], nodeName: node4}",
+        "ports: [{name: http, port: 8080, protocol: TCP}, {name: dns-udp, port: 53, protocol: UDP}]\nendpoints:\n- {addresses: [\"10.180.4.1\"], nodeName: node4}",
     );
-    let after = plan_after(&config(), &state(&more), &mut slots);
-    let tx = transition(&before, &after);
-    let s = summary(&tx);
-    // The window is re-split four ways: its ranges are replaced whole (the kernel refuses a
-    // boundary inside a range it holds); the rule does not change (the kernel commits element
-    // changes in a data map without re-validating the table).
+    let tx = transition(&before, &plan_with(&config(), &state(&more)));
     assert_eq!(
-        s,
+        summary(&tx),
         vec![
-            "delete element ip nftproxy endpoints-0 (6 elements)",
-            "add element ip nftproxy hairpin-endpoints (1 elements)",
-            "add element ip nftproxy endpoints-0 (8 elements)",
-        ],
-        "{s:#?}"
+            "delete element ip nftproxy service-endpoints-2 (2 elements)",
+            "add element ip nftproxy service-endpoints-3 (3 elements)",
+        ]
     );
+    // Past the preset counts a map exists while some port uses it, with its rule.
+    let n = BalanceMap::PRESET;
+    let (preset, beyond) =
+        (plan_with(&config(), &state(&big_service(n))), plan_with(&config(), &state(&big_service(n + 1))));
+    let s = summary(&transition(&preset, &beyond));
+    for op in [
+        format!("add set ip nftproxy service-endpoints-{}", n + 1),
+        format!("add element ip nftproxy service-endpoints-{} ({} elements)", n + 1, n + 1),
+        format!("delete element ip nftproxy service-endpoints-{n} ({n} elements)"),
+        "flush chain ip nftproxy balance-service".to_string(),
+    ] {
+        assert!(s.contains(&op), "{op} missing: {s:#?}");
+    }
+    let s = summary(&transition(&beyond, &preset));
+    assert!(s.contains(&format!("delete set ip nftproxy service-endpoints-{}", n + 1)), "{s:#?}");
+    assert!(!s.iter().any(|l| l.contains(" chain ") && !l.ends_with("balance-service")), "{s:#?}");
 }
 
 #[test]
@@ -272,7 +318,7 @@ fn deleting_everything_deletes_the_tables() {
 }
 
 /// The external-traffic scenario of `nft-templates/external.nft` (upstream's overall test).
-pub const EXTERNAL: &str = r#"
+pub(crate) const EXTERNAL: &str = r#"
 apiVersion: v1
 kind: Service
 metadata: {name: svc2, namespace: ns2}
@@ -372,16 +418,14 @@ fn match_all_nodeports_use_fib_and_drop_the_address_set() {
     let (v4, v6) = (NodePorts::MatchAll, NodePorts::MatchAll);
     let c = config();
     let s = state(EXTERNAL);
-    let p = plan(&PlanInput { config: &c, state: &s, nodeports_v4: &v4, nodeports_v6: &v6 }, &mut SlotTable::new());
+    let p = plan(&PlanInput { config: &c, state: &s, nodeports_v4: &v4, nodeports_v6: &v6 });
     let text = p.ruleset.to_string();
-    assert!(
-        text.contains("fib daddr type local ip daddr != 127.0.0.0/8 meta l4proto . th dport vmap @service-nodeports")
-    );
+    assert!(text.contains("fib daddr type local ip daddr != 127.0.0.0/8 goto nodeports"));
     assert!(!text.contains("nodeport-ips"));
 }
 
 /// Session affinity (`nft-templates/affinity.nft`): three endpoints, and one.
-pub const AFFINITY: &str = r#"
+pub(crate) const AFFINITY: &str = r#"
 apiVersion: v1
 kind: Service
 metadata: {name: sticky, namespace: ns1}
@@ -426,7 +470,7 @@ fn affinity_golden() {
 }
 
 /// Dual-stack (`nft-templates/dualstack.nft`): an IPv6-primary NodePort service with IPv4 too.
-pub const DUAL_STACK: &str = r#"
+pub(crate) const DUAL_STACK: &str = r#"
 apiVersion: v1
 kind: Service
 metadata: {name: web, namespace: ns1}
@@ -464,7 +508,7 @@ fn dual_stack_golden() {
 }
 
 /// Topology and internal traffic policy (`nft-templates/topology.nft`): node1 is in zone-a.
-pub const TOPOLOGY: &str = r#"
+pub(crate) const TOPOLOGY: &str = r#"
 apiVersion: v1
 kind: Node
 metadata: {name: node1, labels: {topology.kubernetes.io/zone: zone-a}}
@@ -536,12 +580,30 @@ fn topology_golden() {
 /// `UsesClusterEndpoints`); the kernel would refuse a `goto` to a missing chain.
 #[test]
 fn both_policies_local_keep_the_cluster_chain_for_short_circuits() {
-    let mut svc = crate::bench::cluster::service(0);
-    svc.ports[0].internal_policy_local = true;
-    assert!(svc.ports[0].external_policy_local && svc.ports[0].node_port.is_some());
-    let mut s = ClusterState::new();
-    s.upsert_slice(crate::bench::cluster::slice(0, 4, 0));
-    s.upsert_service(svc);
+    let s = state(
+        r#"
+apiVersion: v1
+kind: Service
+metadata: {name: svc0, namespace: ns0}
+spec:
+  type: NodePort
+  clusterIP: 10.96.0.1
+  externalTrafficPolicy: Local
+  internalTrafficPolicy: Local
+  ports: [{name: http, port: 80, nodePort: 30000}]
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {name: svc0-a, namespace: ns0, labels: {kubernetes.io/service-name: svc0}}
+addressType: IPv4
+ports: [{name: http, port: 8080}]
+endpoints:
+- {addresses: ["10.128.0.1"], nodeName: node1}
+- {addresses: ["10.128.0.2"], nodeName: node2}
+- {addresses: ["10.128.0.3"], nodeName: node3}
+- {addresses: ["10.128.0.4"], nodeName: node4}
+"#,
+    );
     let ruleset = plan_with(&config(), &s).ruleset;
     let text = ruleset.to_string();
     assert!(text.contains("short-circuit pod traffic"), "{text}");

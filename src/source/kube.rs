@@ -1,4 +1,5 @@
-//! Services, EndpointSlices and this node's Node from the Kubernetes API, with kube-rs watchers.
+//! Services, EndpointSlices, this node's Node and the ServiceCIDRs from the Kubernetes API, with
+//! kube-rs watchers.
 //!
 //! Like upstream kube-proxy: objects labelled `service.kubernetes.io/service-proxy-name` belong to
 //! another proxy and EndpointSlices labelled `service.kubernetes.io/headless` to headless
@@ -6,26 +7,34 @@
 //! `410 Gone` or a reconnect) is delivered whole, so objects that disappeared while the watch was
 //! down are removed. Errors are logged and retried with backoff; the reconciler keeps the last
 //! programmed rules meanwhile.
+//!
+//! ServiceCIDRs (`networking.k8s.io/v1`, GA in 1.33) may be missing: an API server that does not
+//! serve them (404) or a role that may not list them (403) counts as "no ServiceCIDRs" (logged
+//! once), so the first sync is not held up, and the watch keeps retrying with backoff.
 
+use std::borrow::Cow;
 use std::sync::mpsc::Sender;
 
 use futures::{StreamExt, TryStreamExt};
-use k8s_openapi::api::core::v1::{Node, ObjectReference, Service};
-use k8s_openapi::api::discovery::v1::EndpointSlice;
+use k8s_openapi::api::core::v1::ObjectReference;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::runtime::WatchStreamExt;
 use kube::runtime::events::{Event as K8sEvent, EventType, Recorder, Reporter};
 use kube::runtime::watcher::{self, Event as WatchEvent};
 use kube::{Api, Client, Resource};
+use serde::{Deserialize, Deserializer};
 use thiserror::Error;
 use tracing::{debug, info, warn};
 
-use super::{Event, Kind};
+use super::SourceEvent;
+use crate::index::{Change, Kind, Update};
+use crate::model::api::{EndpointSlice, HasMeta, Node, Service, ServiceCidr};
 use crate::model::{NamespacedName, Problem};
 
 /// Label selector for Services and EndpointSlices nftproxy proxies.
-pub const SERVICE_SELECTOR: &str = "!service.kubernetes.io/service-proxy-name";
+pub(crate) const SERVICE_SELECTOR: &str = "!service.kubernetes.io/service-proxy-name";
 /// Label selector for EndpointSlices.
-pub const SLICE_SELECTOR: &str = "!service.kubernetes.io/service-proxy-name,!service.kubernetes.io/headless";
+pub(crate) const SLICE_SELECTOR: &str = "!service.kubernetes.io/service-proxy-name,!service.kubernetes.io/headless";
 
 /// Errors setting up the API client.
 #[derive(Debug, Error)]
@@ -39,7 +48,7 @@ pub enum KubeSourceError {
 }
 
 /// A client from `--kubeconfig`, or in-cluster (service account), or the usual inference.
-pub async fn client(kubeconfig: Option<&str>) -> Result<Client, KubeSourceError> {
+pub(crate) async fn client(kubeconfig: Option<&str>) -> Result<Client, KubeSourceError> {
     let config = match kubeconfig {
         Some(path) => {
             let kc = kube::config::Kubeconfig::read_from(path)
@@ -53,7 +62,7 @@ pub async fn client(kubeconfig: Option<&str>) -> Result<Client, KubeSourceError>
     Ok(Client::try_from(config)?)
 }
 
-fn namespaced<K: Resource>(obj: &K) -> NamespacedName {
+fn namespaced<K: HasMeta>(obj: &K) -> NamespacedName {
     let meta = obj.meta();
     NamespacedName::new(
         meta.namespace.clone().unwrap_or_else(|| "default".into()),
@@ -61,145 +70,346 @@ fn namespaced<K: Resource>(obj: &K) -> NamespacedName {
     )
 }
 
-/// Watches one kind and turns its events into source events.
-async fn watch_kind<K, F>(api: Api<K>, config: watcher::Config, kind: Kind, tx: Sender<Event>, to_event: F)
-where
-    K: Resource + Clone + std::fmt::Debug + serde::de::DeserializeOwned + Send + 'static,
-    F: Fn(WatchEvent<K>, &mut Vec<K>) -> Vec<Event>,
+/// Turns one kind's API objects into index changes: `convert` gives an object's change and
+/// problems (`None` for objects the source does not want), `deleted` the change of a deletion.
+struct Converter<K, T> {
+    convert: Box<dyn Fn(&K) -> Option<(Change<T>, Vec<Problem>)> + Send>,
+    deleted: Box<dyn Fn(&K) -> Change<T> + Send>,
+    wrap: fn(Change<T>) -> Update,
+    /// The kind may be absent from the API server (404) or not granted (403): the first such
+    /// list failure counts as an empty list.
+    optional: bool,
+}
+
+/// The HTTP status of a failed list, when the API server answered one.
+fn list_status(e: &watcher::Error) -> Option<u16> {
+    match e {
+        watcher::Error::InitialListFailed(kube::Error::Api(status)) => Some(status.code),
+        _ => None,
+    }
+}
+
+/// Watches one kind and sends its events, converted. Objects are parsed into the lean types of
+/// [`crate::model::api`] (managedFields and everything else nftproxy does not read is skipped
+/// while parsing), and during a (re)list only the converted values are kept until the list is
+/// complete, never the API objects.
+async fn watch_kind<K, T>(
+    api: Api<Watched<K>>,
+    config: watcher::Config,
+    kind: Kind,
+    tx: Sender<SourceEvent>,
+    c: Converter<K, T>,
+) where
+    K: Clone + std::fmt::Debug + HasMeta + for<'de> Deserialize<'de> + Send + Sync + 'static,
+    Watched<K>: Resource<DynamicType = ()>,
 {
-    let mut buffer: Vec<K> = Vec::new();
+    let mut listing: Vec<T> = Vec::new();
+    let mut problems: Vec<Problem> = Vec::new();
+    let mut listed = false;
     let mut stream = watcher::watcher(api, config).default_backoff().boxed();
     loop {
-        match stream.try_next().await {
-            Ok(Some(ev)) => {
-                let done = matches!(ev, WatchEvent::InitDone);
-                for e in to_event(ev, &mut buffer) {
-                    if tx.send(e).is_err() {
-                        return;
+        let event = match stream.try_next().await {
+            Ok(Some(ev)) => ev,
+            Ok(None) => return,
+            Err(e) => match list_status(&e) {
+                Some(code @ (403 | 404)) if c.optional => {
+                    if !listed {
+                        listed = true;
+                        let why = if code == 404 {
+                            "the API server does not serve them"
+                        } else {
+                            "nftproxy's role may not list them (RBAC: list/watch servicecidrs)"
+                        };
+                        warn!(
+                            ?kind,
+                            code,
+                            "no {kind:?}: {why}; traffic to unallocated ClusterIPs is not dropped (retrying with backoff)"
+                        );
+                        if tx.send(SourceEvent::Update((c.wrap)(Change::Reset(Vec::new())))).is_err() {
+                            return;
+                        }
+                    } else {
+                        debug!(?kind, code, "still no list");
                     }
+                    continue;
                 }
-                if done {
-                    debug!(?kind, "list complete");
-                    if tx.send(Event::Synced(kind)).is_err() {
-                        return;
+                _ => {
+                    warn!(?kind, error = %e, "watch failed; retrying with backoff (rules stay as they are)");
+                    continue;
+                }
+            },
+        };
+        let mut out = Vec::new();
+        match event {
+            WatchEvent::Init => {
+                listing.clear();
+                problems.clear();
+            }
+            WatchEvent::InitApply(obj) => {
+                if let Some((change, found)) = (c.convert)(&obj.object) {
+                    problems.extend(found);
+                    if let Change::Apply(value) = change {
+                        listing.push(value);
                     }
                 }
             }
-            Ok(None) => return,
-            Err(e) => warn!(?kind, error = %e, "watch failed; retrying with backoff (rules stay as they are)"),
+            WatchEvent::InitDone => {
+                debug!(?kind, "list complete");
+                listed = true;
+                out.push(SourceEvent::Problems(std::mem::take(&mut problems)));
+                out.push(SourceEvent::Update((c.wrap)(Change::Reset(std::mem::take(&mut listing)))));
+            }
+            WatchEvent::Apply(obj) => {
+                if let Some((change, found)) = (c.convert)(&obj.object) {
+                    out.push(SourceEvent::Problems(found));
+                    out.push(SourceEvent::Update((c.wrap)(change)));
+                }
+            }
+            WatchEvent::Delete(obj) => out.push(SourceEvent::Update((c.wrap)((c.deleted)(&obj.object)))),
+        }
+        for e in out {
+            if tx.send(e).is_err() {
+                return;
+            }
         }
     }
 }
 
-fn list_events<K: Clone>(
-    ev: WatchEvent<K>,
-    buffer: &mut Vec<K>,
-    listed: fn(Vec<K>) -> Event,
-    applied: fn(K) -> Event,
-    deleted: fn(K) -> Event,
-) -> Vec<Event> {
-    match ev {
-        WatchEvent::Init => {
-            buffer.clear();
-            Vec::new()
-        }
-        WatchEvent::InitApply(obj) => {
-            buffer.push(obj);
-            Vec::new()
-        }
-        WatchEvent::InitDone => vec![listed(std::mem::take(buffer))],
-        WatchEvent::Apply(obj) => vec![applied(obj)],
-        WatchEvent::Delete(obj) => vec![deleted(obj)],
-    }
-}
-
-/// Starts the three watchers on the current tokio runtime.
-pub fn spawn_watchers(client: Client, hostname: &str, tx: Sender<Event>) {
-    let services: Api<Service> = Api::all(client.clone());
-    let slices: Api<EndpointSlice> = Api::all(client.clone());
-    let nodes: Api<Node> = Api::all(client);
-    let svc_tx = tx.clone();
+/// Starts the four watchers on the current tokio runtime.
+pub(crate) fn spawn_watchers(client: Client, hostname: &str, tx: Sender<SourceEvent>) {
+    let services: Api<Watched<Service>> = Api::all(client.clone());
+    let slices: Api<Watched<EndpointSlice>> = Api::all(client.clone());
+    let nodes: Api<Watched<Node>> = Api::all(client.clone());
+    let service_cidrs: Api<Watched<ServiceCidr>> = Api::all(client);
     tokio::spawn(watch_kind(
         services,
         watcher::Config::default().labels(SERVICE_SELECTOR),
         Kind::Services,
-        svc_tx,
-        |ev, buf| {
-            list_events(
-                ev,
-                buf,
-                Event::ServicesListed,
-                |s| Event::ServiceApplied(Box::new(s)),
-                |s: Service| Event::ServiceDeleted(namespaced(&s)),
-            )
+        tx.clone(),
+        Converter {
+            convert: Box::new(|s: &Service| Some(super::service_change(s))),
+            deleted: Box::new(|s: &Service| Change::Delete(namespaced(s))),
+            wrap: Update::Service,
+            optional: false,
         },
     ));
-    let slice_tx = tx.clone();
     tokio::spawn(watch_kind(
         slices,
         watcher::Config::default().labels(SLICE_SELECTOR),
         Kind::EndpointSlices,
-        slice_tx,
-        |ev, buf| {
-            list_events(
-                ev,
-                buf,
-                Event::SlicesListed,
-                |s| Event::SliceApplied(Box::new(s)),
-                |s: EndpointSlice| Event::SliceDeleted(namespaced(&s)),
-            )
+        tx.clone(),
+        Converter {
+            convert: Box::new(|s: &EndpointSlice| Some(super::slice_change(s))),
+            deleted: Box::new(|s: &EndpointSlice| Change::Delete(namespaced(s))),
+            wrap: Update::EndpointSlice,
+            optional: false,
         },
     ));
     let node_selector = format!("metadata.name={hostname}");
-    tokio::spawn(watch_kind(nodes, watcher::Config::default().fields(&node_selector), Kind::Nodes, tx, |ev, buf| {
-        list_events(ev, buf, Event::NodesListed, |n| Event::NodeApplied(Box::new(n)), |_| Event::NodeDeleted)
-    }));
-    info!("watching Services, EndpointSlices and this Node");
+    let name = hostname.to_string();
+    let gone = hostname.to_string();
+    tokio::spawn(watch_kind(
+        nodes,
+        watcher::Config::default().fields(&node_selector),
+        Kind::Nodes,
+        tx.clone(),
+        Converter {
+            convert: Box::new(move |n: &Node| super::node_change(n, &name)),
+            deleted: Box::new(move |_: &Node| Change::Delete(NamespacedName::new("", gone.as_str()))),
+            wrap: Update::Node,
+            optional: false,
+        },
+    ));
+    tokio::spawn(watch_kind(
+        service_cidrs,
+        watcher::Config::default(),
+        Kind::ServiceCidrs,
+        tx,
+        Converter {
+            convert: Box::new(|c: &ServiceCidr| Some(super::service_cidr_change(c))),
+            deleted: Box::new(|c: &ServiceCidr| Change::Delete(NamespacedName::new("", namespaced(c).name))),
+            wrap: Update::ServiceCidr,
+            optional: true,
+        },
+    ));
+    info!("watching Services, EndpointSlices, this Node and ServiceCIDRs");
 }
 
-/// Publishes Kubernetes Events for objects that cannot be programmed (once per problem).
-pub struct EventPublisher {
+/// Something the agent reports as a Kubernetes Event.
+#[derive(Debug, Clone)]
+pub(crate) enum Notice {
+    /// An object or field that cannot be programmed (`NotProgrammed` / `FieldIgnored`, once
+    /// per problem).
+    Problem(Problem),
+    /// A health-check node port that could not be opened: upstream's Warning
+    /// `FailedToStartServiceHealthcheck` on the Service, sent at every sync until it opens.
+    HealthCheckBindFailed { service: NamespacedName, port: u16, error: String },
+    /// A Warning on this node's Node with upstream's reason and action `StartKubeProxy`
+    /// (`FailedToStartProxierHealthcheck`, `FailedToStartMetricServer`).
+    NodeWarning { reason: &'static str, note: String },
+}
+
+/// Publishes Kubernetes Events (events.k8s.io/v1) for what the agent reports.
+pub(crate) struct EventPublisher {
     recorder: Recorder,
+    hostname: String,
     sent: std::collections::HashSet<String>,
 }
 
 impl EventPublisher {
     /// A publisher reporting as `nftproxy` on `hostname`.
-    pub fn new(client: Client, hostname: &str) -> EventPublisher {
+    pub(crate) fn new(client: Client, hostname: &str) -> EventPublisher {
         let reporter = Reporter { controller: "nftproxy".into(), instance: Some(hostname.to_string()) };
-        EventPublisher { recorder: Recorder::new(client, reporter), sent: Default::default() }
+        EventPublisher {
+            recorder: Recorder::new(client, reporter),
+            hostname: hostname.to_string(),
+            sent: Default::default(),
+        }
     }
 
-    /// Publishes a warning Event on the object of `problem`, unless already sent.
-    pub async fn publish(&mut self, problem: &Problem) {
-        if !self.sent.insert(problem.to_string()) {
-            return;
-        }
-        let (api_version, kind) = match problem.object.kind {
-            "EndpointSlice" => ("discovery.k8s.io/v1", "EndpointSlice"),
-            other => ("v1", other),
-        };
-        let reference = ObjectReference {
-            api_version: Some(api_version.into()),
-            kind: Some(kind.into()),
-            name: Some(problem.object.name.clone()),
-            namespace: problem.object.namespace.clone(),
-            ..Default::default()
-        };
-        let note = if problem.field.is_empty() {
-            problem.reason.clone()
-        } else {
-            format!("{}: {}", problem.field, problem.reason)
-        };
-        let event = K8sEvent {
-            type_: EventType::Warning,
-            reason: if problem.object_skipped { "NotProgrammed".into() } else { "FieldIgnored".into() },
-            note: Some(note.chars().take(1024).collect()),
-            action: "Sync".into(),
-            secondary: None,
+    /// Publishes the Event of `notice` (a problem only once).
+    pub(crate) async fn publish(&mut self, notice: &Notice) {
+        let (reference, event) = match notice {
+            Notice::Problem(problem) => {
+                if !self.sent.insert(problem.to_string()) {
+                    return;
+                }
+                problem_event(problem)
+            }
+            Notice::HealthCheckBindFailed { service, port, error } => {
+                health_check_event(&self.hostname, service, *port, error)
+            }
+            Notice::NodeWarning { reason, note } => node_event(&self.hostname, reason, note),
         };
         if let Err(e) = self.recorder.publish(&event, &reference).await {
             debug!(error = %e, "cannot publish event");
         }
     }
 }
+
+fn problem_event(problem: &Problem) -> (ObjectReference, K8sEvent) {
+    let kind = problem.object.kind;
+    let reference = ObjectReference {
+        api_version: Some(kind.api_version().into()),
+        kind: Some(kind.name().into()),
+        name: Some(problem.object.name.clone()),
+        namespace: problem.object.namespace.clone(),
+        ..Default::default()
+    };
+    let note = if problem.field.is_empty() {
+        problem.reason.clone()
+    } else {
+        format!("{}: {}", problem.field, problem.reason)
+    };
+    let event = K8sEvent {
+        type_: EventType::Warning,
+        reason: if problem.object_skipped { "NotProgrammed".into() } else { "FieldIgnored".into() },
+        note: Some(note.chars().take(1024).collect()),
+        action: "Sync".into(),
+        secondary: None,
+    };
+    (reference, event)
+}
+
+/// Upstream's event for a health-check port: regarding the Service (its UID is the namespaced
+/// name, as upstream sets it), Warning, reason `FailedToStartServiceHealthcheck`, action
+/// `Listen`, note `node <node> failed to start healthcheck "<ns>/<name>" on port <port>: <err>`.
+pub(crate) fn health_check_event(
+    node: &str,
+    service: &NamespacedName,
+    port: u16,
+    error: &str,
+) -> (ObjectReference, K8sEvent) {
+    let reference = ObjectReference {
+        api_version: Some("v1".into()),
+        kind: Some("Service".into()),
+        name: Some(service.name.clone()),
+        namespace: Some(service.namespace.clone()),
+        uid: Some(service.to_string()),
+        ..Default::default()
+    };
+    let event = K8sEvent {
+        type_: EventType::Warning,
+        reason: "FailedToStartServiceHealthcheck".into(),
+        note: Some(format!("node {node} failed to start healthcheck \"{service}\" on port {port}: {error}")),
+        action: "Listen".into(),
+        secondary: None,
+    };
+    (reference, event)
+}
+
+/// A Warning on this node's Node (UID: the node's name, as upstream's NodeRef).
+fn node_event(node: &str, reason: &str, note: &str) -> (ObjectReference, K8sEvent) {
+    let reference = ObjectReference {
+        api_version: Some("v1".into()),
+        kind: Some("Node".into()),
+        name: Some(node.to_string()),
+        uid: Some(node.to_string()),
+        ..Default::default()
+    };
+    let event = K8sEvent {
+        type_: EventType::Warning,
+        reason: reason.to_string(),
+        note: Some(note.chars().take(1024).collect()),
+        action: "StartKubeProxy".into(),
+        secondary: None,
+    };
+    (reference, event)
+}
+
+/// A lean object as kube-rs watches it: the object, and the metadata kube-rs keeps track of
+/// (name, namespace, resourceVersion).
+#[derive(Debug, Clone)]
+pub(crate) struct Watched<T> {
+    pub(crate) object: T,
+    meta: ObjectMeta,
+}
+
+impl<'de, T: Deserialize<'de> + HasMeta> Deserialize<'de> for Watched<T> {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let object = T::deserialize(deserializer)?;
+        let m = object.meta();
+        let meta = ObjectMeta {
+            name: m.name.clone(),
+            namespace: m.namespace.clone(),
+            resource_version: m.resource_version.clone(),
+            ..ObjectMeta::default()
+        };
+        Ok(Watched { object, meta })
+    }
+}
+
+/// `kube::Resource` for a lean type: its API group, version, kind and plural, as k8s-openapi
+/// gives them for the full type.
+macro_rules! watched_resource {
+    ($lean:ty, $full:ty, $scope:ty) => {
+        impl kube::Resource for Watched<$lean> {
+            type DynamicType = ();
+            type Scope = $scope;
+
+            fn kind(_: &()) -> Cow<'_, str> {
+                Cow::Borrowed(<$full as k8s_openapi::Resource>::KIND)
+            }
+            fn group(_: &()) -> Cow<'_, str> {
+                Cow::Borrowed(<$full as k8s_openapi::Resource>::GROUP)
+            }
+            fn version(_: &()) -> Cow<'_, str> {
+                Cow::Borrowed(<$full as k8s_openapi::Resource>::VERSION)
+            }
+            fn plural(_: &()) -> Cow<'_, str> {
+                Cow::Borrowed(<$full as k8s_openapi::Resource>::URL_PATH_SEGMENT)
+            }
+            fn meta(&self) -> &ObjectMeta {
+                &self.meta
+            }
+            fn meta_mut(&mut self) -> &mut ObjectMeta {
+                &mut self.meta
+            }
+        }
+    };
+}
+
+watched_resource!(Service, k8s_openapi::api::core::v1::Service, k8s_openapi::NamespaceResourceScope);
+watched_resource!(EndpointSlice, k8s_openapi::api::discovery::v1::EndpointSlice, k8s_openapi::NamespaceResourceScope);
+watched_resource!(Node, k8s_openapi::api::core::v1::Node, k8s_openapi::ClusterResourceScope);
+watched_resource!(ServiceCidr, k8s_openapi::api::networking::v1::ServiceCIDR, k8s_openapi::ClusterResourceScope);

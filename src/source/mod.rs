@@ -1,112 +1,83 @@
-//! Where Kubernetes objects come from. Every source emits the same [`Event`]s, which the
-//! reconciler folds into its [`ClusterState`].
+//! Where Kubernetes objects come from: the API server's watches, or manifest files. Every
+//! source converts each object into the model's validated values as it arrives
+//! (`model::convert`), so neither the index nor the syncer ever holds an API object,
+//! and speaks the index's verbs ([`Update`]); problems found while converting go to the agent
+//! on their own (log lines, Events, metrics).
 
-pub mod kube;
+pub(crate) mod kube;
 pub mod manifests;
-pub mod watch;
+pub(crate) mod watch;
 
-use k8s_openapi::api::core::v1::{Node, Service};
-use k8s_openapi::api::discovery::v1::EndpointSlice;
-
-/// Something a source observed.
-#[derive(Debug, Clone)]
-pub enum Event {
-    /// A complete set of objects that replaces everything seen before (manifests).
-    Snapshot(Box<Snapshot>),
-    /// A complete list of one kind that replaces every object of that kind (a watch's first
-    /// list, or a relist).
-    ServicesListed(Vec<Service>),
-    SlicesListed(Vec<EndpointSlice>),
-    NodesListed(Vec<Node>),
-    ServiceApplied(Box<Service>),
-    ServiceDeleted(NamespacedName),
-    SliceApplied(Box<EndpointSlice>),
-    SliceDeleted(NamespacedName),
-    /// This node's Node object.
-    NodeApplied(Box<Node>),
-    NodeDeleted,
-    /// The first complete list of a kind has been delivered.
-    Synced(Kind),
-}
-
-/// Object kinds a source lists.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Kind {
-    Services,
-    EndpointSlices,
-    Nodes,
-}
-
-/// Everything a source knows at one moment.
-#[derive(Debug, Clone, Default)]
-pub struct Snapshot {
-    pub services: Vec<Service>,
-    pub slices: Vec<EndpointSlice>,
-    pub nodes: Vec<Node>,
-    /// Problems found while reading (already logged by the source).
-    pub problems: usize,
-}
-
-use crate::model::{ClusterState, NamespacedName, Problem, convert};
+use crate::index::{Change, Update};
+use crate::model::api::{EndpointSlice, Node, Service, ServiceCidr};
+use crate::model::{ClusterState, NamespacedName, NodeInfo, Problem, ServiceCidrInfo, ServiceInfo, convert};
 use manifests::Manifests;
 
-/// Builds the cluster state from loaded manifests. Objects that cannot be used are reported;
-/// a later definition of the same object replaces an earlier one (with a warning problem).
+/// What a source sends the agent.
+#[derive(Debug, Clone)]
+pub(crate) enum SourceEvent {
+    /// A change for the index.
+    Update(Update),
+    /// Objects or fields that cannot be used (already skipped).
+    Problems(Vec<Problem>),
+}
+
+/// The name of an API object (`default` when the namespace is unset, as the API server does).
+fn name_of(meta: &crate::model::api::Meta) -> NamespacedName {
+    NamespacedName::new(
+        meta.namespace.clone().unwrap_or_else(|| "default".into()),
+        meta.name.clone().unwrap_or_default(),
+    )
+}
+
+/// A Service as an index change: applied when usable, else the deletion of its name (a
+/// headless Service, another proxy's, or one that became invalid), with its problems.
+pub(crate) fn service_change(svc: &Service) -> (Change<ServiceInfo>, Vec<Problem>) {
+    let converted = convert::service(svc);
+    let change = match converted.value {
+        Some(info) => Change::Apply(info),
+        None => Change::Delete(name_of(&svc.metadata)),
+    };
+    (change, converted.problems)
+}
+
+/// An EndpointSlice as an index change.
+pub(crate) fn slice_change(slice: &EndpointSlice) -> (Change<crate::model::EndpointSliceInfo>, Vec<Problem>) {
+    let converted = convert::endpoint_slice(slice);
+    let change = match converted.value {
+        Some(info) => Change::Apply(info),
+        None => Change::Delete(name_of(&slice.metadata)),
+    };
+    (change, converted.problems)
+}
+
+/// This node's Node as an index change (`None` for another node's).
+pub(crate) fn node_change(node: &Node, hostname: &str) -> Option<(Change<NodeInfo>, Vec<Problem>)> {
+    if node.metadata.name.as_deref() != Some(hostname) {
+        return None;
+    }
+    let converted = convert::node(node);
+    let change = match converted.value {
+        Some(info) => Change::Apply(info),
+        None => Change::Delete(NamespacedName::new("", hostname)),
+    };
+    Some((change, converted.problems))
+}
+
+/// A ServiceCIDR as an index change (the deletion of its name when it has no usable CIDR).
+pub(crate) fn service_cidr_change(cidr: &ServiceCidr) -> (Change<ServiceCidrInfo>, Vec<Problem>) {
+    let converted = convert::service_cidr(cidr);
+    let change = match converted.value {
+        Some(info) => Change::Apply(info),
+        None => Change::Delete(NamespacedName::new("", cidr.metadata.name.clone().unwrap_or_default())),
+    };
+    (change, converted.problems)
+}
+
+/// The cluster state loaded manifests describe, and the problems of their objects (`render`,
+/// `sync`, tests).
 pub fn state_from_manifests(m: &Manifests, hostname: &str) -> (ClusterState, Vec<Problem>) {
-    state_from_objects(&m.services, &m.slices, &m.nodes, hostname)
-}
-
-/// Builds the cluster state from a snapshot.
-pub fn state_from_snapshot(s: &Snapshot, hostname: &str) -> (ClusterState, Vec<Problem>) {
-    state_from_objects(&s.services, &s.slices, &s.nodes, hostname)
-}
-
-fn state_from_objects(
-    services: &[Service],
-    slices: &[EndpointSlice],
-    nodes: &[Node],
-    hostname: &str,
-) -> (ClusterState, Vec<Problem>) {
-    let mut state = ClusterState::new();
-    let mut problems = Vec::new();
-    let mut seen_services = std::collections::BTreeSet::new();
-    for svc in services {
-        let c = convert::service(svc);
-        problems.extend(c.problems);
-        if let Some(info) = c.value {
-            if !seen_services.insert(info.name.clone()) {
-                problems.push(duplicate("Service", &info.name));
-            }
-            state.upsert_service(info);
-        }
-    }
-    for slice in slices {
-        let c = convert::endpoint_slice(slice);
-        problems.extend(c.problems);
-        if let Some(info) = c.value {
-            state.upsert_slice(info);
-        }
-    }
-    for node in nodes {
-        if node.metadata.name.as_deref() != Some(hostname) {
-            continue;
-        }
-        let c = convert::node(node);
-        problems.extend(c.problems);
-        if let Some(info) = c.value {
-            state.set_node(Some(info));
-        }
-    }
-    (state, problems)
-}
-
-fn duplicate(kind: &'static str, name: &NamespacedName) -> Problem {
-    Problem {
-        object: crate::model::ObjectRef { kind, namespace: Some(name.namespace.clone()), name: name.name.clone() },
-        field: String::new(),
-        reason: "defined more than once; the last definition wins".into(),
-        object_skipped: false,
-    }
+    m.clone().into_state(hostname)
 }
 
 #[cfg(test)]

@@ -50,14 +50,21 @@ fn load(yaml: &str) -> Outcome {
 }
 
 impl Outcome {
-    /// The good service is planned: its ClusterIP leads to its chain, which DNATs to its pod.
+    /// The good service is planned: its ClusterIP is balanced, to its pod.
     fn assert_good_planned(&self) {
         assert!(
-            self.rendered.contains("10.96.9.1 . tcp . 80 comment \"ns/ok:http\" : goto service-"),
+            self.rendered.contains("10.96.9.1 . tcp . 80 comment \"ns/ok:http\""),
             "good service not dispatched:\n{}",
             self.rendered
         );
-        assert!(self.rendered.contains("dnat to 10.244.9.1:8080"), "good service has no DNAT");
+        assert!(self.dnats_to("10.244.9.1 . 8080"), "good service has no DNAT");
+    }
+
+    /// Whether some balanced service address DNATs to `target` (`ip . port`).
+    fn dnats_to(&self, target: &str) -> bool {
+        self.rendered.contains(&format!(" : {target}\n"))
+            || self.rendered.contains(&format!(" : {target},"))
+            || self.rendered.contains(&format!(" : {target} }}"))
     }
 
     /// The one problem reported for `object`'s `field` (skipping the object, or not); its
@@ -184,7 +191,7 @@ fn an_invalid_endpoint_address_is_skipped_alone() {
         )
     ));
     out.field_ignored("EndpointSlice ns/web-1", "endpoints[0].addresses", "invalid IP address \"not-an-ip\"");
-    assert!(out.rendered.contains("dnat to 10.244.0.5:8080"));
+    assert!(out.dnats_to("10.244.0.5 . 8080"), "{}", out.rendered);
 }
 
 #[test]
@@ -254,7 +261,7 @@ fn an_ipv6_endpoint_in_an_ipv4_slice_is_skipped() {
         )
     ));
     out.field_ignored("EndpointSlice ns/web-1", "endpoints[0].addresses", "\"fd00::5\" is not a usable IPv4 address");
-    assert!(out.rendered.contains("dnat to 10.244.0.5:8080"));
+    assert!(out.dnats_to("10.244.0.5 . 8080"), "{}", out.rendered);
 }
 
 #[test]
@@ -416,8 +423,8 @@ fn a_duplicate_slice_port_name_keeps_the_first() {
         )
     ));
     out.field_ignored("EndpointSlice ns/web-1", "ports[1].name", "duplicate port name \"http\" (first in ports[0])");
-    assert!(out.rendered.contains("dnat to 10.244.0.5:8080"));
-    assert!(!out.rendered.contains("10.244.0.5:9090"));
+    assert!(out.dnats_to("10.244.0.5 . 8080"), "{}", out.rendered);
+    assert!(!out.rendered.contains("10.244.0.5 . 9090"));
 }
 
 // --- thousands -------------------------------------------------------------------------------
@@ -444,9 +451,9 @@ fn a_service_with_thousands_of_ports_is_planned_whole() {
     assert_eq!(out.ports("big").len(), n);
     // Two ports have endpoints (and the good service's one), the others reject.
     let elements = |set: &str| out.ruleset.tables[0].sets[set].elements.len();
-    assert_eq!(elements("service-ips"), 3);
+    assert_eq!(elements("balanced-service-ips"), 3);
     assert_eq!(elements("no-endpoint-services"), n - 2);
-    assert_eq!(elements("service-nodeports"), 2);
+    assert_eq!(elements("balanced-nodeports"), 2);
     assert_eq!(elements("no-endpoint-nodeports"), n - 2);
     out.assert_kernel_limits();
     // Duplicate detection is by map, not by scanning the ports seen so far.
@@ -472,7 +479,7 @@ fn an_endpoint_slice_with_thousands_of_endpoints_is_planned_whole() {
     let targets: usize = out.ruleset.tables[0]
         .sets
         .values()
-        .filter(|s| s.name.starts_with("endpoints-"))
+        .filter(|s| s.name.starts_with("service-endpoints-"))
         .flat_map(|s| s.elements.values())
         .filter(|e| e.owner.to_string() == owner)
         .count();
@@ -584,7 +591,10 @@ fn a_non_ascii_node_name_is_refused() {
     let (state, problems) = state_from_manifests(&m, "nöde");
     assert!(state.node().is_none());
     assert_eq!(problems.len(), 1);
-    assert_eq!(problems[0].object, ObjectRef { kind: "Node", namespace: None, name: "nöde".into() });
+    assert_eq!(
+        problems[0].object,
+        ObjectRef { kind: crate::model::ObjectKind::Node, namespace: None, name: "nöde".into() }
+    );
     assert_eq!(problems[0].field, "metadata.name");
     assert!(
         problems[0].to_string().contains("Node nöde: metadata.name skipped: contains 'ö': a DNS-1123 subdomain"),

@@ -1,8 +1,9 @@
-//! Watching a manifests file or directory: every change becomes a [`Snapshot`].
+//! Watching a manifests file or directory: every change is converted and sent as complete lists
+//! of Services, EndpointSlices and this node's Node.
 //!
 //! Files are compared by path, size, modification time and inode every poll interval, so editor
 //! saves (write in place or rename over) are seen. If the path cannot be read, the last good
-//! snapshot stays in force: a file moved away for a moment must not wipe a node's rules.
+//! load stays in force: a file moved away for a moment must not wipe a node's rules.
 
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
@@ -13,8 +14,7 @@ use std::time::Duration;
 
 use tracing::{info, warn};
 
-use super::manifests::{self, Manifests};
-use super::{Event, Kind, Snapshot};
+use super::{SourceEvent, manifests};
 
 type Fingerprint = Vec<(PathBuf, u64, i64, i64, u64)>;
 
@@ -28,34 +28,46 @@ fn fingerprint(path: &Path) -> Option<Fingerprint> {
     Some(out)
 }
 
-/// Loads manifests into a snapshot, logging every problem.
-pub fn load_snapshot(path: &Path) -> Result<Snapshot, manifests::ManifestError> {
-    let Manifests { services, slices, nodes, problems, .. } = manifests::load(path)?;
-    for p in &problems {
+/// Loads manifests and converts them into what the agent is sent: the objects' problems, then
+/// the three complete lists. Malformed documents are logged here (they name no object).
+pub(crate) fn load_events(path: &Path, hostname: &str) -> Result<Vec<SourceEvent>, manifests::ManifestError> {
+    let loaded = manifests::load(path)?;
+    for p in &loaded.problems {
         warn!("{p}");
     }
-    Ok(Snapshot { services, slices, nodes, problems: problems.len() })
+    let (services, slices, malformed) = (loaded.services.len(), loaded.slices.len(), loaded.problems.len());
+    let (updates, problems) = loaded.into_updates(hostname);
+    info!(
+        path = %path.display(),
+        services,
+        slices,
+        problems = malformed + problems.len(),
+        "manifests loaded"
+    );
+    let mut events = vec![SourceEvent::Problems(problems)];
+    events.extend(updates.into_iter().map(SourceEvent::Update));
+    Ok(events)
 }
 
-/// Sends a snapshot of `path` now and after every change, until `stop` is set or the receiver
-/// goes away. Runs on the calling thread.
-pub fn watch_manifests(path: &Path, tx: &Sender<Event>, stop: &AtomicBool, interval: Duration) {
+/// Sends the manifests under `path` now and after every change, until `stop` is set or the
+/// receiver goes away. Runs on the calling thread.
+pub(crate) fn watch_manifests(
+    path: &Path,
+    hostname: &str,
+    tx: &Sender<SourceEvent>,
+    stop: &AtomicBool,
+    interval: Duration,
+) {
     let mut last: Option<Fingerprint> = None;
-    let mut synced = false;
     while !stop.load(Ordering::Relaxed) {
         let now = fingerprint(path);
         if now.is_some() && now != last {
-            match load_snapshot(path) {
-                Ok(snapshot) => {
-                    info!(path = %path.display(), services = snapshot.services.len(), slices = snapshot.slices.len(), "manifests loaded");
-                    if tx.send(Event::Snapshot(Box::new(snapshot))).is_err() {
-                        return;
-                    }
-                    if !synced {
-                        for kind in [Kind::Services, Kind::EndpointSlices, Kind::Nodes] {
-                            let _ = tx.send(Event::Synced(kind));
+            match load_events(path, hostname) {
+                Ok(events) => {
+                    for event in events {
+                        if tx.send(event).is_err() {
+                            return;
                         }
-                        synced = true;
                     }
                     last = now;
                 }
@@ -70,11 +82,14 @@ pub fn watch_manifests(path: &Path, tx: &Sender<Event>, stop: &AtomicBool, inter
 }
 
 /// Starts [`watch_manifests`] on its own thread.
-pub fn spawn_manifest_watcher(
+pub(crate) fn spawn_manifest_watcher(
     path: PathBuf,
-    tx: Sender<Event>,
+    hostname: String,
+    tx: Sender<SourceEvent>,
     stop: Arc<AtomicBool>,
     interval: Duration,
 ) -> std::io::Result<std::thread::JoinHandle<()>> {
-    std::thread::Builder::new().name("manifests".into()).spawn(move || watch_manifests(&path, &tx, &stop, interval))
+    std::thread::Builder::new()
+        .name("manifests".into())
+        .spawn(move || watch_manifests(&path, &hostname, &tx, &stop, interval))
 }

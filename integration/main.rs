@@ -1,0 +1,25 @@
+//! nftproxy's integration tests, in one binary (one link instead of one per file): real
+//! packets in network namespaces (the tools' lab), netlink round trips against the real kernel,
+//! the syncer's differential oracle against the fake kernel, `nftproxy run` against a test API
+//! server, the deploy manifests, and fuzzed input. Tests that need root say `SKIPPED` without
+//! it. `cargo test --test integration <module>::` runs one file's tests.
+
+mod common;
+
+mod check;
+mod clusterip;
+mod conntrack;
+mod deploy;
+mod external;
+mod fuzz;
+mod kube;
+mod netlink;
+mod observe;
+mod reconcile;
+mod reliability;
+mod selection;
+mod service_cidr;
+mod status;
+mod sync;
+mod takeover;
+mod trace;

@@ -1,0 +1,564 @@
+//! `/debug/services` on the metrics port: every service port as programmed (addresses, the
+//! endpoints each policy uses on this node, affinity, health-check port), the services the
+//! kernel refused, the objects and fields the sources left out and why, and the last sync's
+//! reason, duration and result, as JSON. `nftproxy status` prints it for a person.
+//!
+//! The syncer and the index live on the sync loop's thread, so the server hands each request to
+//! the loop ([`Desk`]), which answers between syncs; the server waits at most
+//! [`ANSWER_TIMEOUT`] and serves one such request at a time. The answer is bounded:
+//! `?limit=N` service ports (default [`DEFAULT_LIMIT`], at most [`MAX_LIMIT`]), the rest only
+//! counted (`servicePortsTotal`, `truncated`); `?namespace=NS` and `?service=NS/NAME` select.
+
+use std::net::IpAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::{self, Receiver, Sender, SyncSender};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime};
+
+use hyper::StatusCode;
+use serde::{Deserialize, Serialize};
+
+use super::problems::ProblemLog;
+use crate::health::http::{Handler, Reply};
+use crate::index::{ClusterIndex, Update};
+use crate::model::{NamespacedName, ObjectKind, Problem};
+use crate::net::IpFamily;
+use crate::plan::NodePorts;
+use crate::plan::endpoints::Topology;
+use crate::sync::{PortState, StatusQuery, SyncError, SyncStatus, Synced, Syncer};
+
+/// The route.
+pub(crate) const PATH: &str = "/debug/services";
+/// Service ports described when the request does not say.
+pub(crate) const DEFAULT_LIMIT: usize = 500;
+/// Service ports described at most.
+pub(crate) const MAX_LIMIT: usize = 20_000;
+/// How long the server waits for the sync loop (which answers between syncs).
+pub(crate) const ANSWER_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// The JSON document.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub(crate) struct ServicesReport {
+    pub(crate) node: String,
+    pub(crate) table: String,
+    pub(crate) owns_tables: bool,
+    /// Whether the first complete lists of Services and EndpointSlices have arrived.
+    pub(crate) ready: bool,
+    pub(crate) last_sync: Option<LastSync>,
+    /// Where NodePorts are accepted, per family: addresses, or `["local"]` for every local one.
+    pub(crate) node_port_addresses: Option<NodePortAddresses>,
+    pub(crate) service_ports: Vec<ServicePortReport>,
+    /// Service ports the request selects, described or not.
+    pub(crate) service_ports_total: usize,
+    /// Whether `servicePorts` stops short of `servicePortsTotal`.
+    pub(crate) truncated: bool,
+    /// Services the kernel refused, left out until they change.
+    pub(crate) excluded: Vec<Excluded>,
+    /// The latest problems of objects the sources left out or fields they ignored.
+    pub(crate) problems: Vec<ProblemReport>,
+    /// Seconds the loop took to build this document.
+    pub(crate) build_seconds: f64,
+}
+
+/// The last sync.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub(crate) struct LastSync {
+    /// RFC 3339, UTC.
+    pub(crate) at: String,
+    pub(crate) reason: String,
+    /// `full` or `partial` (`full` for failures: the next sync is full).
+    pub(crate) kind: String,
+    /// `success` or `failure`.
+    pub(crate) result: String,
+    pub(crate) error: Option<String>,
+    pub(crate) duration_seconds: Option<f64>,
+    pub(crate) kernel_seconds: Option<f64>,
+    pub(crate) messages: Option<usize>,
+    pub(crate) services_changed: Option<usize>,
+}
+
+/// NodePort addresses per family.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub(crate) struct NodePortAddresses {
+    pub(crate) ipv4: Vec<String>,
+    pub(crate) ipv6: Vec<String>,
+}
+
+/// One service port.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub(crate) struct ServicePortReport {
+    /// `namespace/name`.
+    pub(crate) service: String,
+    /// The port's name (empty for a single unnamed port).
+    pub(crate) port: String,
+    pub(crate) protocol: String,
+    pub(crate) port_number: u16,
+    /// `programmed`, or `pending` (changed since the last sync, described as it is now).
+    pub(crate) state: String,
+    #[serde(rename = "clusterIPs")]
+    pub(crate) cluster_ips: Vec<IpAddr>,
+    #[serde(rename = "externalIPs", default, skip_serializing_if = "Vec::is_empty")]
+    pub(crate) external_ips: Vec<IpAddr>,
+    #[serde(rename = "loadBalancerIPs", default, skip_serializing_if = "Vec::is_empty")]
+    pub(crate) load_balancer_ips: Vec<IpAddr>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub(crate) load_balancer_source_ranges: Vec<String>,
+    pub(crate) node_port: Option<u16>,
+    pub(crate) internal_traffic_policy: String,
+    /// Only for ports reachable from outside (NodePort, external or load-balancer IPs).
+    pub(crate) external_traffic_policy: Option<String>,
+    /// ClientIP affinity timeout, when set.
+    pub(crate) session_affinity_seconds: Option<u32>,
+    pub(crate) health_check_node_port: Option<u16>,
+    pub(crate) endpoints: Vec<EndpointsReport>,
+}
+
+/// A service port's endpoints in one family.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub(crate) struct EndpointsReport {
+    /// `IPv4` or `IPv6`.
+    pub(crate) family: String,
+    /// Endpoints the EndpointSlices list, usable or not.
+    pub(crate) known: usize,
+    /// Cluster policy: where traffic goes (`null` when no traffic uses it).
+    pub(crate) cluster: Option<Vec<String>>,
+    /// Local policy: where traffic goes (`null` when no traffic uses it).
+    pub(crate) local: Option<Vec<String>>,
+    /// `None`, `PreferSameZone` or `PreferSameNode`: how topology hints narrowed `cluster`.
+    pub(crate) topology: String,
+}
+
+/// A refused service.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub(crate) struct Excluded {
+    pub(crate) service: String,
+    pub(crate) reason: String,
+}
+
+/// One problem of one object.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub(crate) struct ProblemReport {
+    pub(crate) kind: String,
+    pub(crate) namespace: Option<String>,
+    pub(crate) name: String,
+    /// The field at fault; empty for the whole object.
+    pub(crate) field: String,
+    pub(crate) reason: String,
+    /// Whether the whole object was left out (else only the field was ignored).
+    pub(crate) object_skipped: bool,
+    /// RFC 3339, UTC.
+    pub(crate) reported_at: String,
+}
+
+/// What a request selects.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Selection {
+    pub(crate) service: Option<NamespacedName>,
+    pub(crate) namespace: Option<String>,
+    pub(crate) limit: usize,
+}
+
+impl Selection {
+    /// Parses `limit`, `namespace` and `service` from a query string.
+    pub(crate) fn parse(query: &str) -> Result<Selection, String> {
+        let mut s = Selection { service: None, namespace: None, limit: DEFAULT_LIMIT };
+        for pair in query.split('&').filter(|p| !p.is_empty()) {
+            let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
+            let value = value.replace("%2F", "/").replace("%2f", "/");
+            match key {
+                "limit" => {
+                    s.limit = value
+                        .parse::<usize>()
+                        .ok()
+                        .filter(|n| (1..=MAX_LIMIT).contains(n))
+                        .ok_or(format!("limit must be a number from 1 to {MAX_LIMIT}"))?
+                }
+                "namespace" if !value.is_empty() => s.namespace = Some(value),
+                "service" => {
+                    let (ns, name) = value
+                        .split_once('/')
+                        .filter(|(ns, name)| !ns.is_empty() && !name.is_empty())
+                        .ok_or("service must be NAMESPACE/NAME")?;
+                    s.service = Some(NamespacedName::new(ns, name));
+                }
+                other => return Err(format!("unknown parameter {other:?} (limit, namespace, service)")),
+            }
+        }
+        Ok(s)
+    }
+
+    /// The query string for this selection (what `nftproxy status` sends).
+    pub(crate) fn to_query(&self) -> String {
+        let mut parts = vec![format!("limit={}", self.limit)];
+        if let Some(ns) = &self.namespace {
+            parts.push(format!("namespace={ns}"));
+        }
+        if let Some(s) = &self.service {
+            parts.push(format!("service={}/{}", s.namespace, s.name));
+        }
+        parts.join("&")
+    }
+
+    fn status_query(&self) -> StatusQuery {
+        StatusQuery { service: self.service.clone(), namespace: self.namespace.clone(), limit: self.limit }
+    }
+
+    /// Whether a problem's object belongs to the selection: the Service itself, and its
+    /// EndpointSlices by the name the EndpointSlice controller gives them (`<service>-…`).
+    fn covers(&self, kind: ObjectKind, namespace: Option<&str>, name: &str) -> bool {
+        if self.namespace.as_deref().is_some_and(|n| namespace != Some(n)) {
+            return false;
+        }
+        self.service.as_ref().is_none_or(|s| {
+            namespace == Some(s.namespace.as_str())
+                && match kind {
+                    ObjectKind::Service => name == s.name,
+                    ObjectKind::EndpointSlice => name.strip_prefix(s.name.as_str()).is_some_and(|r| r.starts_with('-')),
+                    ObjectKind::Node | ObjectKind::ServiceCidr => false,
+                }
+        })
+    }
+}
+
+/// One request, handed from the server to the sync loop.
+pub(crate) struct Request {
+    selection: Selection,
+    answer: SyncSender<String>,
+}
+
+fn rfc3339(t: SystemTime) -> String {
+    humantime::format_rfc3339_seconds(t).to_string()
+}
+
+/// The sync loop's side: keeps what the JSON needs besides the syncer (problems, the last sync)
+/// and answers requests between syncs.
+pub(crate) struct Desk {
+    requests: Receiver<Request>,
+    problems: ProblemLog,
+    last_sync: Option<LastSync>,
+}
+
+impl Desk {
+    /// A desk, and the sender the server hands requests to.
+    pub(crate) fn new() -> (Desk, Sender<Request>) {
+        let (tx, rx) = mpsc::channel();
+        (Desk { requests: rx, problems: ProblemLog::default(), last_sync: None }, tx)
+    }
+
+    /// Problems a source reported.
+    pub(crate) fn reported(&mut self, problems: &[Problem]) {
+        self.problems.reported(problems, SystemTime::now());
+    }
+
+    /// An update a source sent.
+    pub(crate) fn updated(&mut self, update: &Update) {
+        self.problems.updated(update);
+    }
+
+    /// A sync finished.
+    pub(crate) fn synced(&mut self, result: Result<&Synced, &SyncError>, reason: &str) {
+        let at = rfc3339(SystemTime::now());
+        self.last_sync = Some(match result {
+            Ok(s) => LastSync {
+                at,
+                reason: reason.to_string(),
+                kind: if s.report.full { "full" } else { "partial" }.into(),
+                result: "success".into(),
+                error: None,
+                duration_seconds: Some(s.report.total.as_secs_f64()),
+                kernel_seconds: Some(s.report.apply.kernel.as_secs_f64()),
+                messages: Some(s.report.apply.messages),
+                services_changed: Some(s.report.services_changed),
+            },
+            Err(e) => LastSync {
+                at,
+                reason: reason.to_string(),
+                kind: "full".into(),
+                result: "failure".into(),
+                error: Some(e.to_string()),
+                duration_seconds: None,
+                kernel_seconds: None,
+                messages: None,
+                services_changed: None,
+            },
+        });
+    }
+
+    /// Answers every waiting request.
+    pub(crate) fn answer(&mut self, index: &ClusterIndex, syncer: &Syncer) {
+        while let Ok(request) = self.requests.try_recv() {
+            let report = self.report(index, syncer, &request.selection);
+            let body = serde_json::to_string(&report).unwrap_or_else(|e| format!("{{\"error\": \"{e}\"}}"));
+            let _ = request.answer.try_send(body);
+        }
+    }
+
+    /// The document for a selection.
+    pub(crate) fn report(&self, index: &ClusterIndex, syncer: &Syncer, selection: &Selection) -> ServicesReport {
+        let started = Instant::now();
+        let status = syncer.status(index.state(), &selection.status_query());
+        let problems = self
+            .problems
+            .latest()
+            .into_iter()
+            .filter(|(o, _)| selection.covers(o.kind, o.namespace.as_deref(), &o.name))
+            .flat_map(|(_, reported)| {
+                reported.problems.iter().map(|p| ProblemReport {
+                    kind: p.object.kind.name().to_string(),
+                    namespace: p.object.namespace.clone(),
+                    name: p.object.name.clone(),
+                    field: p.field.clone(),
+                    reason: p.reason.clone(),
+                    object_skipped: p.object_skipped,
+                    reported_at: rfc3339(reported.at),
+                })
+            })
+            .collect();
+        let mut report = document(status, self.last_sync.clone(), problems);
+        report.ready = index.ready();
+        report.build_seconds = started.elapsed().as_secs_f64();
+        report
+    }
+}
+
+fn addresses(n: &NodePorts) -> Vec<String> {
+    match n {
+        NodePorts::MatchAll => vec!["local".into()],
+        NodePorts::Addresses(a) => a.iter().map(IpAddr::to_string).collect(),
+    }
+}
+
+fn policy(local: bool) -> String {
+    if local { "Local" } else { "Cluster" }.into()
+}
+
+/// The JSON of a status.
+fn document(status: SyncStatus, last_sync: Option<LastSync>, problems: Vec<ProblemReport>) -> ServicesReport {
+    let truncated = status.ports.len() < status.matched;
+    let service_ports = status
+        .ports
+        .into_iter()
+        .map(|p| {
+            let sp = p.port;
+            let endpoints = p
+                .endpoints
+                .into_iter()
+                .map(|e| EndpointsReport {
+                    family: match e.family {
+                        IpFamily::V4 => "IPv4",
+                        IpFamily::V6 => "IPv6",
+                    }
+                    .into(),
+                    known: e.known,
+                    cluster: e.cluster.map(|l| l.iter().map(|e| e.address()).collect()),
+                    local: e.local.map(|l| l.iter().map(|e| e.address()).collect()),
+                    topology: match e.topology {
+                        Topology::None => "None",
+                        Topology::PreferSameZone => "PreferSameZone",
+                        Topology::PreferSameNode => "PreferSameNode",
+                    }
+                    .into(),
+                })
+                .collect();
+            ServicePortReport {
+                service: sp.name.service.to_string(),
+                port: sp.name.port.clone(),
+                protocol: sp.name.protocol.name().to_ascii_uppercase(),
+                port_number: sp.port,
+                state: match p.state {
+                    PortState::Programmed => "programmed",
+                    PortState::Pending => "pending",
+                }
+                .into(),
+                external_traffic_policy: sp.externally_accessible().then(|| policy(sp.external_policy_local)),
+                internal_traffic_policy: policy(sp.internal_policy_local),
+                cluster_ips: sp.cluster_ips,
+                external_ips: sp.external_ips,
+                load_balancer_ips: sp.load_balancer_ips,
+                load_balancer_source_ranges: sp.load_balancer_source_ranges.iter().map(|r| r.to_string()).collect(),
+                node_port: sp.node_port,
+                session_affinity_seconds: sp.session_affinity_secs,
+                health_check_node_port: p.health_check_port,
+                endpoints,
+            }
+        })
+        .collect();
+    ServicesReport {
+        node: status.node,
+        table: status.table,
+        owns_tables: status.owns_tables,
+        ready: false,
+        last_sync,
+        node_port_addresses: status
+            .nodeports
+            .map(|t| NodePortAddresses { ipv4: addresses(&t.v4), ipv6: addresses(&t.v6) }),
+        service_ports,
+        service_ports_total: status.matched,
+        truncated,
+        excluded: status
+            .excluded
+            .into_iter()
+            .map(|(service, reason)| Excluded { service: service.to_string(), reason })
+            .collect(),
+        problems,
+        build_seconds: 0.0,
+    }
+}
+
+/// Waits for the loop's answer without stalling the server's other work: on the agent's
+/// multi-threaded runtime the worker hands its tasks to another thread meanwhile.
+fn wait(answer: &Receiver<String>) -> Option<String> {
+    let multi_thread = tokio::runtime::Handle::try_current()
+        .is_ok_and(|h| h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread);
+    let receive = || answer.recv_timeout(ANSWER_TIMEOUT).ok();
+    if multi_thread { tokio::task::block_in_place(receive) } else { receive() }
+}
+
+/// `inner` with `/debug/services` added: requests go to the sync loop through `requests`.
+pub(crate) fn with_route(inner: Handler, requests: Sender<Request>) -> Handler {
+    let requests = Mutex::new(requests);
+    let busy = Arc::new(AtomicBool::new(false));
+    Arc::new(move |method, path, query| {
+        if path != PATH {
+            return inner(method, path, query);
+        }
+        if method != "GET" {
+            return Reply::text(StatusCode::METHOD_NOT_ALLOWED, "GET only\n");
+        }
+        let selection = match Selection::parse(query) {
+            Ok(s) => s,
+            Err(e) => return Reply::text(StatusCode::BAD_REQUEST, format!("{e}\n")),
+        };
+        // One at a time: each is answered by the sync loop, which must get back to syncing.
+        if busy.swap(true, Ordering::AcqRel) {
+            return Reply::text(StatusCode::SERVICE_UNAVAILABLE, "another /debug/services request is being answered\n");
+        }
+        let (tx, rx) = mpsc::sync_channel(1);
+        let sent = requests.lock().map(|r| r.send(Request { selection, answer: tx }).is_ok()).unwrap_or(false);
+        let answer = if sent { wait(&rx) } else { None };
+        busy.store(false, Ordering::Release);
+        match answer {
+            Some(body) => Reply::json(StatusCode::OK, body),
+            None => Reply::text(
+                StatusCode::SERVICE_UNAVAILABLE,
+                format!(
+                    "the sync loop did not answer within {}s (a long sync?); try again\n",
+                    ANSWER_TIMEOUT.as_secs()
+                ),
+            ),
+        }
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::ProxyConfig;
+    use crate::index::Change;
+    use crate::model::ObjectRef;
+    use crate::netlink::FakeNetfilter;
+    use crate::nodeaddr::NodePortTargets;
+    use crate::source::manifests;
+    use crate::sync::SyncReason;
+
+    #[test]
+    fn selections_parse_and_print() {
+        assert_eq!(Selection::parse("").unwrap(), Selection { service: None, namespace: None, limit: DEFAULT_LIMIT });
+        let s = Selection::parse("limit=3&service=default%2Fweb").unwrap();
+        assert_eq!((s.limit, s.service.clone()), (3, Some(NamespacedName::new("default", "web"))));
+        assert_eq!(Selection::parse(&s.to_query()).unwrap(), s);
+        assert_eq!(Selection::parse("namespace=kube-system").unwrap().namespace.as_deref(), Some("kube-system"));
+        for bad in ["limit=0", "limit=x", &format!("limit={}", MAX_LIMIT + 1), "service=web", "verbose=1"] {
+            assert!(Selection::parse(bad).is_err(), "{bad}");
+        }
+    }
+
+    fn synced_proxy(yaml: &str) -> (ClusterIndex, Syncer) {
+        let mut m = manifests::Manifests::default();
+        manifests::load_text(std::path::Path::new("t.yaml"), yaml, &mut m);
+        let (updates, problems) = m.into_updates("node1");
+        assert!(problems.is_empty());
+        let mut index = ClusterIndex::new();
+        for u in updates {
+            index.apply(u);
+        }
+        let nodeports = Box::new(|_: &ProxyConfig, _: Option<&crate::model::NodeInfo>| NodePortTargets {
+            v4: NodePorts::Addresses(vec!["192.168.50.2".parse().unwrap()]),
+            v6: NodePorts::MatchAll,
+        });
+        let mut syncer = Syncer::new(ProxyConfig::new("node1"), Box::new(FakeNetfilter::new()), nodeports);
+        let pending = index.take_pending();
+        syncer.sync(index.state(), &pending, SyncReason::Startup, true).unwrap();
+        (index, syncer)
+    }
+
+    const WEB: &str = "apiVersion: v1\nkind: Service\nmetadata: {name: web, namespace: default}\nspec:\n  type: NodePort\n  clusterIP: 10.96.0.10\n  ports: [{name: http, port: 80, protocol: TCP, targetPort: 8080, nodePort: 30080}]\n---\napiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata: {name: web-1, namespace: default, labels: {kubernetes.io/service-name: web}}\naddressType: IPv4\nports: [{name: http, port: 8080, protocol: TCP}]\nendpoints:\n- {addresses: [\"10.244.1.10\"], nodeName: node1, conditions: {ready: true}}\n";
+
+    #[test]
+    fn the_document_describes_ports_problems_and_the_last_sync() {
+        let (index, syncer) = synced_proxy(WEB);
+        let (mut desk, tx) = Desk::new();
+        let problem = Problem {
+            object: ObjectRef { kind: ObjectKind::Service, namespace: Some("default".into()), name: "bad".into() },
+            field: "spec.ports[0].port".into(),
+            reason: "out of range".into(),
+            object_skipped: false,
+        };
+        desk.reported(std::slice::from_ref(&problem));
+        desk.updated(&Update::Service(Change::Delete(NamespacedName::new("default", "bad"))));
+        let selection = Selection { service: None, namespace: None, limit: 10 };
+        let report = desk.report(&index, &syncer, &selection);
+        assert!(report.ready && report.last_sync.is_none());
+        assert_eq!((report.service_ports_total, report.truncated), (1, false));
+        let port = &report.service_ports[0];
+        assert_eq!((port.service.as_str(), port.port.as_str(), port.protocol.as_str()), ("default/web", "http", "TCP"));
+        assert_eq!((port.state.as_str(), port.node_port), ("programmed", Some(30080)));
+        assert_eq!(port.external_traffic_policy.as_deref(), Some("Cluster"));
+        assert_eq!(port.endpoints[0].cluster, Some(vec!["10.244.1.10:8080".to_string()]));
+        assert_eq!(report.problems.len(), 1);
+        assert_eq!(report.problems[0].field, "spec.ports[0].port");
+        assert_eq!(
+            report.node_port_addresses,
+            Some(NodePortAddresses { ipv4: vec!["192.168.50.2".into()], ipv6: vec!["local".into()] })
+        );
+        // The JSON round-trips (what `nftproxy status` reads).
+        let json = serde_json::to_string(&report).unwrap();
+        assert!(json.contains("\"clusterIPs\":[\"10.96.0.10\"]"), "{json}");
+        assert_eq!(serde_json::from_str::<ServicesReport>(&json).unwrap(), report);
+        // Another namespace: nothing, not even the problem.
+        let other = desk.report(&index, &syncer, &Selection { namespace: Some("x".into()), ..selection.clone() });
+        assert!(other.service_ports.is_empty() && other.problems.is_empty());
+        // Requests through the channel.
+        let (answer, rx) = mpsc::sync_channel(1);
+        tx.send(Request { selection, answer }).unwrap();
+        desk.answer(&index, &syncer);
+        let body = rx.try_recv().unwrap();
+        assert!(body.starts_with("{\"node\":\"node1\""), "{body}");
+    }
+
+    #[test]
+    fn the_route_hands_requests_to_the_loop_and_bounds_them() {
+        let inner: Handler = Arc::new(|_, path, _| Reply::text(StatusCode::OK, path.to_string()));
+        let (mut desk, tx) = Desk::new();
+        let handler = with_route(inner, tx);
+        assert_eq!(handler("GET", "/metrics", "").body, "/metrics");
+        assert_eq!(handler("GET", PATH, "limit=0").status, StatusCode::BAD_REQUEST);
+        assert_eq!(handler("POST", PATH, "").status, StatusCode::METHOD_NOT_ALLOWED);
+        let (index, syncer) = synced_proxy(WEB);
+        let server = std::thread::spawn(move || handler("GET", PATH, "service=default/web"));
+        // The loop answers between syncs.
+        while !server.is_finished() {
+            desk.answer(&index, &syncer);
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        let reply = server.join().unwrap();
+        assert_eq!(reply.status, StatusCode::OK, "{}", reply.body);
+        let report: ServicesReport = serde_json::from_str(&reply.body).unwrap();
+        assert_eq!(report.service_ports.len(), 1);
+    }
+}

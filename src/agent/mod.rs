@@ -1,0 +1,481 @@
+//! `nftproxy run`: the long-running node agent. Sources feed the index; the sync loop
+//! ([`runner`]) hands what changed to the syncer; after every sync the health state, the
+//! health-check servers, conntrack, metrics and Events follow. On SIGTERM/SIGINT it stops and
+//! leaves the rules in the kernel (like kube-proxy), so traffic keeps flowing across a restart.
+
+pub(crate) mod debug;
+mod problems;
+pub(crate) mod runner;
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::AtomicBool;
+use std::sync::mpsc;
+use std::time::{Duration, Instant, SystemTime};
+
+use thiserror::Error;
+use tracing::{error, info, warn};
+
+use crate::config::ProxyConfig;
+use crate::conntrack::sysctls::{self, ConntrackSysctls, SysctlRoots};
+use crate::conntrack::{KernelFlows, Reconciler};
+use crate::health::http::Limits;
+use crate::health::{self, ProxyHealth, ServiceHealthServers};
+use crate::index::{ClusterIndex, Update};
+use crate::metrics::{Applied, Metrics, NoLocalEndpoints, SyncSample};
+use crate::model::{ClusterState, Problem};
+use crate::net::IpFamily;
+use crate::netlink::{Kernel, NetlinkError};
+use crate::plan::{self, NodePorts, PlanInput};
+use crate::source::kube::{EventPublisher, KubeSourceError, Notice};
+use crate::source::watch::spawn_manifest_watcher;
+use crate::sync::{SyncError, Synced, Syncer, local_nodeports};
+use crate::takeover::Leftovers;
+use runner::{NodeGate, Observer, Timing};
+
+/// Where objects come from.
+#[derive(Debug, Clone)]
+pub enum SourceSetting {
+    /// A manifests file or directory, watched for changes.
+    Manifests(PathBuf),
+    /// The Kubernetes API: `--kubeconfig`, or in-cluster.
+    Kubernetes { kubeconfig: Option<String> },
+}
+
+/// Settings of the long-running agent.
+#[derive(Debug, Clone)]
+pub struct RunSettings {
+    pub proxy: ProxyConfig,
+    pub source: SourceSetting,
+    pub timing: Timing,
+    /// `/healthz` and `/livez`; `None` disables.
+    pub healthz: Option<SocketAddr>,
+    /// `/metrics` and `/proxyMode`; `None` disables.
+    pub metrics: Option<SocketAddr>,
+    /// How often the manifests are checked for changes.
+    pub poll: std::time::Duration,
+    /// Kernel conntrack settings to apply at start-up.
+    pub conntrack: ConntrackSysctls,
+    /// Exit when the healthz or metrics port cannot be bound (else retry every 5 s).
+    pub bind_address_hard_fail: bool,
+    /// Remove kube-proxy's leftovers in the first sync (`--cleanup-kube-proxy`).
+    pub cleanup_kube_proxy: bool,
+}
+
+/// Errors that stop the agent.
+#[derive(Debug, Error)]
+pub enum RunError {
+    #[error("cannot start the async runtime: {0}")]
+    Runtime(std::io::Error),
+    #[error("{}", serve_message(what, addr, source))]
+    Serve { what: &'static str, addr: SocketAddr, source: std::io::Error },
+    #[error("cannot start a thread: {0}")]
+    Thread(std::io::Error),
+    #[error(transparent)]
+    Netlink(#[from] NetlinkError),
+    #[error(transparent)]
+    Kube(#[from] KubeSourceError),
+    #[error(transparent)]
+    Loop(#[from] runner::LoopError),
+}
+
+/// Upstream's error texts for the two servers.
+fn serve_message(what: &str, addr: &SocketAddr, source: &std::io::Error) -> String {
+    match what {
+        "healthz" => format!("failed to start proxy healthz on {addr}: {source}"),
+        _ => format!("starting metrics server failed: listen tcp {addr}: {source}"),
+    }
+}
+
+struct AgentObserver {
+    health: Arc<ProxyHealth>,
+    servers: ServiceHealthServers,
+    metrics: Arc<Metrics>,
+    events: Option<tokio::sync::mpsc::UnboundedSender<Notice>>,
+    conntrack: Reconciler,
+    /// kube-proxy's leftovers handed to the syncer, until a full sync removed them.
+    takeover: Option<Leftovers>,
+    debug: debug::Desk,
+}
+
+impl AgentObserver {
+    fn notify(&self, notice: Notice) {
+        if let Some(tx) = &self.events {
+            let _ = tx.send(notice);
+        }
+    }
+
+    fn report(&mut self, problems: Vec<Problem>) {
+        for problem in problems {
+            self.metrics.rejected(problem.object.kind);
+            self.notify(Notice::Problem(problem));
+        }
+    }
+}
+
+/// The families a sync of `state` programs (IPv4 always, IPv6 when anything uses it).
+fn families(state: &ClusterState, config: &ProxyConfig) -> Vec<IpFamily> {
+    let none = NodePorts::Addresses(Vec::new());
+    plan::families(&PlanInput { config, state, nodeports_v4: &none, nodeports_v6: &none })
+}
+
+/// Service ports with a Local policy and no local endpoints, per family: the split of the
+/// plan's `no_local_internal` / `no_local_external` counts (which sum both families) that
+/// upstream's per-family gauge needs. Only Local-policy ports are looked at, with the plan's
+/// own endpoint categorisation.
+fn no_local_endpoints(
+    state: &ClusterState,
+    config: &ProxyConfig,
+    families: &[IpFamily],
+) -> Vec<(IpFamily, NoLocalEndpoints)> {
+    let zone = state.node().and_then(|n| n.zone());
+    let node = plan::endpoints::NodeView { name: config.hostname.as_str(), zone };
+    families
+        .iter()
+        .map(|&family| {
+            let mut counts = NoLocalEndpoints::default();
+            for sp in state.services().flat_map(|s| &s.ports) {
+                if (!sp.internal_policy_local && !sp.external_local()) || sp.cluster_ip(family).is_none() {
+                    continue;
+                }
+                let cat = plan::endpoints::categorize(&state.endpoints(&sp.name, family), sp, &node);
+                if !cat.has_any || !cat.local.is_empty() {
+                    continue;
+                }
+                counts.internal += usize::from(sp.internal_policy_local);
+                counts.external += usize::from(sp.external_local());
+            }
+            (family, counts)
+        })
+        .collect()
+}
+
+impl AgentObserver {
+    /// Follows the takeover from kube-proxy: done with the first successful full sync (which
+    /// carried the deletions), abandoned when the kernel refused one of them (the syncer goes on
+    /// without them), kept for the next full sync after any other failure.
+    fn took_over(&mut self, result: Result<&Synced, &SyncError>, syncer: &mut Syncer) {
+        let Some(leftovers) = &self.takeover else { return };
+        match result {
+            Ok(s) if s.report.full => {
+                info!(
+                    removed = %leftovers.summary(),
+                    "took over from kube-proxy: its leftovers went in the same transaction as nftproxy's rules"
+                );
+                crate::takeover::remove_ipvs_leftovers(&leftovers.ipvs);
+                self.takeover = None;
+            }
+            Ok(_) => {}
+            Err(SyncError::Netlink(NetlinkError::Rejected(failures))) => {
+                let ops = leftovers.ops().len();
+                if let Some(f) = failures.iter().find(|f| f.op_index < ops) {
+                    warn!(
+                        failure = %f,
+                        "the kernel refused removing kube-proxy's leftovers; they stay (`nftproxy check` lists them) \
+                         and nftproxy syncs without removing them"
+                    );
+                    syncer.prepend_to_next_full_sync(Vec::new());
+                    self.takeover = None;
+                }
+            }
+            Err(_) => {}
+        }
+    }
+}
+
+impl Observer for AgentObserver {
+    fn queued(&mut self, at: Instant) {
+        self.health.queued(at);
+        self.metrics.queued();
+    }
+
+    fn problems(&mut self, problems: Vec<Problem>) {
+        self.debug.reported(&problems);
+        self.report(problems);
+    }
+
+    fn updated(&mut self, update: &Update) {
+        self.debug.updated(update);
+    }
+
+    fn idle(&mut self, index: &ClusterIndex, syncer: &Syncer) {
+        self.debug.answer(index, syncer);
+    }
+
+    fn synced(
+        &mut self,
+        result: Result<&Synced, &SyncError>,
+        took: Duration,
+        index: &mut ClusterIndex,
+        syncer: &mut Syncer,
+    ) {
+        self.took_over(result, syncer);
+        self.health.set_node_eligible(!index.state().node().is_some_and(|n| n.being_deleted));
+        let refused = syncer.take_problems();
+        self.report(refused);
+        let families = families(index.state(), syncer.config());
+        let sample = |full: bool, duration: Duration, applied: Option<Applied>, reason: String| SyncSample {
+            families: families.clone(),
+            reason,
+            full,
+            duration,
+            applied,
+        };
+        let reason = match result {
+            Ok(s) => s.report.reason.to_string(),
+            Err(_) => "failed".to_string(),
+        };
+        self.debug.synced(result, &reason);
+        match result {
+            Ok(s) => {
+                let applied = Applied {
+                    kernel: s.report.apply.kernel,
+                    messages: s.report.apply.messages,
+                    drift_repairs: s.report.drift_repairs,
+                    no_local: no_local_endpoints(index.state(), syncer.config(), &families),
+                };
+                let reason = s.report.reason.to_string();
+                self.metrics.synced(&sample(s.report.full, s.report.total, Some(applied), reason));
+                let changes = index.take_changes();
+                self.metrics.service_changes.inc_by(changes.services);
+                self.metrics.endpoint_changes.inc_by(changes.endpoints);
+                self.metrics.service_changes_pending.set(0);
+                self.metrics.endpoint_changes_pending.set(0);
+                let now = SystemTime::now();
+                for (family, t) in changes.trigger_times {
+                    if let Ok(latency) = now.duration_since(t) {
+                        self.metrics.network_programmed(family, latency);
+                    }
+                }
+                if syncer.config().conntrack_cleanup {
+                    let mut table = KernelFlows::default();
+                    for pass in self.conntrack.reconcile(&mut table, &s.conntrack, &s.nodeports, index.state()) {
+                        self.metrics.conntrack.reconciled(pass.family, pass.took, pass.deleted);
+                    }
+                }
+                self.health.updated(&s.health_checks);
+                // A family nftproxy does not program (IPv6 on a single-stack cluster) matches
+                // all its addresses, but must not widen the health-check servers to every
+                // address: upstream has no proxier, hence no server, for it.
+                let unused = NodePorts::Addresses(Vec::new());
+                let v6 = if families.contains(&IpFamily::V6) { &s.nodeports.v6 } else { &unused };
+                let failures = self.servers.sync(&s.health_checks, &s.nodeports.v4, v6);
+                for f in failures {
+                    self.notify(Notice::HealthCheckBindFailed { service: f.service, port: f.port, error: f.error });
+                }
+            }
+            Err(e) => {
+                // A failed sync is always planned as a full one next; upstream observes the
+                // duration of failed syncs too.
+                self.metrics.synced(&sample(true, took, None, "failed".to_string()));
+                let pending = index.changes();
+                self.metrics.service_changes_pending.set(pending.services as i64);
+                self.metrics.endpoint_changes_pending.set(pending.endpoints as i64);
+                error!(error = %e, "sync failed");
+            }
+        }
+    }
+}
+
+/// Starts the healthz or metrics server. A port that cannot be bound is fatal with
+/// `--bind-address-hard-fail` (after a Warning Event on the Node with upstream's reason),
+/// else logged and retried every 5 s, as upstream.
+fn serve(
+    rt: &tokio::runtime::Runtime,
+    what: &'static str,
+    addr: SocketAddr,
+    handler: health::http::Handler,
+    hard_fail: bool,
+    events: Option<&tokio::sync::mpsc::UnboundedSender<Notice>>,
+) -> Result<tokio::sync::watch::Sender<bool>, RunError> {
+    if !hard_fail {
+        return Ok(health::start_retrying(rt.handle(), what, addr, handler, Limits::default(), health::BIND_RETRY));
+    }
+    health::start(rt.handle(), addr, handler, Limits::default()).map_err(|source| {
+        let err = RunError::Serve { what, addr, source };
+        if let Some(tx) = events {
+            let reason =
+                if what == "healthz" { "FailedToStartProxierHealthcheck" } else { "FailedToStartMetricServer" };
+            let _ = tx.send(Notice::NodeWarning { reason, note: err.to_string() });
+            // The publisher runs on the runtime: give it a moment before the process exits.
+            std::thread::sleep(Duration::from_millis(500));
+        }
+        err
+    })
+}
+
+/// kube-proxy's leftovers here, to remove in the first sync (`None` when there are none, or
+/// they cannot be read: then they are only logged).
+fn find_leftovers(kernel: &mut Kernel) -> Option<Leftovers> {
+    match Leftovers::read(kernel) {
+        Ok(l) if l.is_empty() && l.kept.is_empty() => None,
+        Ok(l) => {
+            for k in &l.kept {
+                warn!(leftover = %k.what, why = %k.why, "a kube-proxy leftover stays");
+            }
+            if l.is_empty() {
+                return None;
+            }
+            info!(leftovers = %l.summary(), "kube-proxy's leftovers go in nftproxy's first sync");
+            Some(l)
+        }
+        Err(e) => {
+            warn!(error = %e, "cannot read kube-proxy's leftovers; they stay (`nftproxy check` lists them)");
+            None
+        }
+    }
+}
+
+/// Runs until a termination signal.
+pub(crate) fn run(settings: RunSettings) -> Result<(), RunError> {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .thread_name("nftproxy-io")
+        .enable_all()
+        .build()
+        .map_err(RunError::Runtime)?;
+    let stop = Arc::new(AtomicBool::new(false));
+    for signal in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
+        let _ = signal_hook::flag::register(signal, Arc::clone(&stop));
+    }
+    sysctls::apply_at_start_up(&settings.conntrack, &SysctlRoots::default());
+
+    let health = ProxyHealth::new(settings.timing.sync_period * 2);
+    let metrics = Metrics::new();
+    let limits = Limits::default();
+
+    let (tx, rx) = mpsc::channel();
+    let mut events = None;
+    let (_source, gate) = match &settings.source {
+        SourceSetting::Manifests(path) => {
+            info!(path = %path.display(), "watching manifests");
+            let hostname = settings.proxy.hostname.clone();
+            let watcher = spawn_manifest_watcher(path.clone(), hostname, tx, Arc::clone(&stop), settings.poll)
+                .map_err(RunError::Thread)?;
+            (Some(watcher), NodeGate::Listed)
+        }
+        SourceSetting::Kubernetes { kubeconfig } => {
+            let client = rt.block_on(crate::source::kube::client(kubeconfig.as_deref()))?;
+            let hostname = settings.proxy.hostname.clone();
+            let (etx, mut erx) = tokio::sync::mpsc::unbounded_channel::<Notice>();
+            let mut publisher = EventPublisher::new(client.clone(), &hostname);
+            rt.spawn(async move {
+                while let Some(n) = erx.recv().await {
+                    publisher.publish(&n).await;
+                }
+            });
+            events = Some(etx);
+            let _guard = rt.enter();
+            crate::source::kube::spawn_watchers(client, &hostname, tx);
+            (None, NodeGate::Present)
+        }
+    };
+
+    let hard_fail = settings.bind_address_hard_fail;
+    let proxier = health::proxier_handler(Arc::clone(&health), Arc::clone(&metrics));
+    let _healthz =
+        settings.healthz.map(|a| serve(&rt, "healthz", a, proxier, hard_fail, events.as_ref())).transpose()?;
+    let (desk, debug_requests) = debug::Desk::new();
+    let metrics_handler = debug::with_route(crate::metrics::handler(Arc::clone(&metrics)), debug_requests);
+    let _metrics =
+        settings.metrics.map(|a| serve(&rt, "metrics", a, metrics_handler, hard_fail, events.as_ref())).transpose()?;
+
+    let mut kernel = Kernel::open()?;
+    let takeover = if settings.cleanup_kube_proxy { find_leftovers(&mut kernel) } else { None };
+    let mut index = ClusterIndex::new();
+    if matches!(settings.source, SourceSetting::Kubernetes { .. }) {
+        // The first sync already drops traffic to unallocated ClusterIPs (the watch sends an
+        // empty list where the API server has no ServiceCIDRs).
+        index.await_list(crate::index::Kind::ServiceCidrs);
+    }
+    let mut syncer = Syncer::new(settings.proxy, Box::new(kernel), local_nodeports());
+    if let Some(leftovers) = &takeover {
+        syncer.prepend_to_next_full_sync(leftovers.ops());
+    }
+    let mut observer = AgentObserver {
+        servers: ServiceHealthServers::new(rt.handle().clone(), Arc::clone(&health), limits),
+        health,
+        metrics,
+        events,
+        conntrack: Reconciler::default(),
+        takeover,
+        debug: desk,
+    };
+    info!(hostname = %syncer.config().hostname, "nftproxy running");
+    runner::run(&mut index, &mut syncer, &rx, &stop, settings.timing, gate, &mut observer)?;
+    if !index.ready() {
+        warn!("stopped before the first complete list of Services and EndpointSlices");
+    }
+    info!("stopping; nftproxy's rules stay in the kernel");
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::source::manifests;
+
+    const LOCAL: &str = r#"
+apiVersion: v1
+kind: Service
+metadata: {name: itp, namespace: ns}
+spec:
+  internalTrafficPolicy: Local
+  ipFamilies: [IPv4, IPv6]
+  clusterIPs: [10.96.0.1, "fd00:96::1"]
+  ports: [{name: p, port: 80}]
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {name: itp-4, namespace: ns, labels: {kubernetes.io/service-name: itp}}
+addressType: IPv4
+ports: [{name: p, port: 80}]
+endpoints: [{addresses: [10.244.2.10], nodeName: node2}]
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {name: itp-6, namespace: ns, labels: {kubernetes.io/service-name: itp}}
+addressType: IPv6
+ports: [{name: p, port: 80}]
+endpoints: [{addresses: ["fd00:10::a"], nodeName: node1}]
+---
+apiVersion: v1
+kind: Service
+metadata: {name: etp, namespace: ns}
+spec:
+  type: NodePort
+  externalTrafficPolicy: Local
+  clusterIP: 10.96.0.2
+  ports: [{name: p, port: 80, nodePort: 30080}, {name: q, port: 81, nodePort: 30081}]
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {name: etp-4, namespace: ns, labels: {kubernetes.io/service-name: etp}}
+addressType: IPv4
+ports: [{name: p, port: 80}, {name: q, port: 81}]
+endpoints: [{addresses: [10.244.2.11], nodeName: node2}]
+"#;
+
+    /// The per-family split of the no-local-endpoints gauge adds up to the plan's own counts,
+    /// and puts each service port in its family.
+    #[test]
+    fn no_local_endpoints_split_by_family_adds_up_to_the_plan() {
+        let mut m = manifests::Manifests::default();
+        manifests::load_text(std::path::Path::new("t.yaml"), LOCAL, &mut m);
+        let (state, problems) = m.into_state("node1");
+        assert!(problems.is_empty(), "{problems:?}");
+        let config = ProxyConfig::new("node1");
+        let none = NodePorts::Addresses(Vec::new());
+        let planned =
+            plan::plan(&PlanInput { config: &config, state: &state, nodeports_v4: &none, nodeports_v6: &none });
+        let fams = families(&state, &config);
+        assert_eq!(fams, [IpFamily::V4, IpFamily::V6]);
+        let split = no_local_endpoints(&state, &config, &fams);
+        let v4 = NoLocalEndpoints { internal: 1, external: 2 };
+        assert_eq!(split, [(IpFamily::V4, v4), (IpFamily::V6, NoLocalEndpoints::default())]);
+        let internal: usize = split.iter().map(|(_, c)| c.internal).sum();
+        let external: usize = split.iter().map(|(_, c)| c.external).sum();
+        assert_eq!((internal, external), (planned.stats.no_local_internal, planned.stats.no_local_external));
+    }
+}

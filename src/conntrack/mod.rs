@@ -1,0 +1,278 @@
+//! The conntrack reconciler for UDP and SCTP services, with upstream kube-proxy's rule (its
+//! `CleanStaleEntries`, ≥ 1.32): a flow whose original destination is a service port's
+//! frontend — its ClusterIP, ExternalIPs or LoadBalancer IPs with the port, or its NodePort on
+//! a node-port address — is stale when its reply source is not a **serving** endpoint of that
+//! port. Which endpoints this node picks for new flows (ready before terminating, topology
+//! hints, Local policies) does not matter: a change of the service must not cut existing flows,
+//! only an endpoint that stopped serving does. Without this, a UDP client that keeps sending
+//! (DNS, statsd, QUIC) stays DNATed to a pod that is gone.
+//!
+//! Beyond the current service ports, the ports of services deleted since the previous pass
+//! lose every flow to their frontends (upstream k/k#141371), and a port scaled to zero loses
+//! its flows as well (k/k#139629); NodePort flows are matched only on node-port addresses, so
+//! that is safe for NodePorts too. A pass runs after a successful sync when the service ports
+//! differ from the previous pass (always for the first, so restarts and the one-shot `sync`
+//! check every flow), dumps the family's table over ctnetlink and deletes exact tuples: there
+//! is never a flush.
+//!
+//! The start-up sysctls kube-proxy writes live in [`sysctls`].
+
+pub(crate) mod sysctls;
+
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::net::{IpAddr, SocketAddr};
+use std::time::{Duration, Instant};
+
+use tracing::{debug, error, info, trace};
+
+use crate::model::{ClusterState, ServicePortName};
+use crate::net::{FamilyMap, IpFamily};
+use crate::netlink::NetlinkError;
+use crate::netlink::conntrack::{Conntrack, Flow};
+use crate::nodeaddr::NodePortTargets;
+use crate::plan::{ConntrackTarget, NodePorts};
+
+/// The kernel's conntrack table as the reconciler uses it.
+pub(crate) trait FlowTable {
+    /// Every flow of `family` whose protocol number is in `protocols`.
+    fn flows(&mut self, family: IpFamily, protocols: &[u8]) -> Result<Vec<Flow>, NetlinkError>;
+    /// Deletes these flows by their exact original tuple; returns how many the kernel removed.
+    fn delete(&mut self, family: IpFamily, flows: &[Flow]) -> Result<usize, NetlinkError>;
+}
+
+/// ctnetlink in the current network namespace, opened on first use (most syncs change no UDP
+/// or SCTP service port and never need it).
+#[derive(Default)]
+pub(crate) struct KernelFlows {
+    socket: Option<Conntrack>,
+}
+
+impl KernelFlows {
+    fn socket(&mut self) -> Result<&mut Conntrack, NetlinkError> {
+        match &mut self.socket {
+            Some(s) => Ok(s),
+            empty => Ok(empty.insert(Conntrack::open()?)),
+        }
+    }
+}
+
+impl FlowTable for KernelFlows {
+    fn flows(&mut self, family: IpFamily, protocols: &[u8]) -> Result<Vec<Flow>, NetlinkError> {
+        self.socket()?.flows(family, protocols)
+    }
+
+    fn delete(&mut self, family: IpFamily, flows: &[Flow]) -> Result<usize, NetlinkError> {
+        self.socket()?.delete(family, flows)
+    }
+}
+
+/// A stale flow and the service port it belonged to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct StaleFlow<'a> {
+    pub flow: Flow,
+    pub port: &'a ServicePortName,
+}
+
+/// The frontends of one family's service ports and the reply sources each allows.
+struct Frontends<'a> {
+    by_destination: HashMap<(u8, SocketAddr), usize>,
+    by_node_port: HashMap<(u8, u16), usize>,
+    ports: Vec<(&'a ServicePortName, HashSet<SocketAddr>)>,
+}
+
+impl<'a> Frontends<'a> {
+    /// Deleted ports go in first with no endpoint allowed; a current port claiming the same
+    /// frontend (an address or NodePort reused at once) replaces them.
+    fn new(current: &[&'a ConntrackTarget], deleted: &[&'a ConntrackTarget]) -> Frontends<'a> {
+        let mut f = Frontends { by_destination: HashMap::new(), by_node_port: HashMap::new(), ports: Vec::new() };
+        for (t, keep) in deleted.iter().map(|t| (t, false)).chain(current.iter().map(|t| (t, true))) {
+            let i = f.ports.len();
+            let allowed = if keep {
+                t.endpoints.iter().map(|(ip, port)| canonical(SocketAddr::new(*ip, *port))).collect()
+            } else {
+                HashSet::new()
+            };
+            f.ports.push((&t.name, allowed));
+            let proto = t.protocol.number();
+            for (ip, port) in &t.destinations {
+                f.by_destination.insert((proto, canonical(SocketAddr::new(*ip, *port))), i);
+            }
+            if let Some(np) = t.node_port {
+                f.by_node_port.insert((proto, np), i);
+            }
+        }
+        f
+    }
+
+    /// The port whose frontend a flow was sent to, if any. A NodePort counts only on a
+    /// node-port address: a flow to the same port number elsewhere is not ours.
+    fn port_of(&self, flow: &Flow, node_ips: &HashSet<IpAddr>) -> Option<usize> {
+        let dst = canonical(flow.original.dst);
+        self.by_destination.get(&(flow.protocol, dst)).copied().or_else(|| {
+            node_ips.contains(&dst.ip()).then(|| self.by_node_port.get(&(flow.protocol, dst.port())).copied()).flatten()
+        })
+    }
+}
+
+/// Which of `flows` are stale: sent to a frontend of a `current` port and answered by
+/// something that is not one of its serving endpoints, or sent to a frontend of a `deleted`
+/// port that no current port has taken over. `node_ips` are the addresses NodePorts are
+/// served on.
+pub(crate) fn stale_flows<'a>(
+    flows: &[Flow],
+    current: &[&'a ConntrackTarget],
+    deleted: &[&'a ConntrackTarget],
+    node_ips: &HashSet<IpAddr>,
+) -> Vec<StaleFlow<'a>> {
+    let frontends = Frontends::new(current, deleted);
+    flows
+        .iter()
+        .filter_map(|f| {
+            let i = frontends.port_of(f, node_ips)?;
+            let (port, allowed) = &frontends.ports[i];
+            (!allowed.contains(&canonical(f.reply.src))).then_some(StaleFlow { flow: *f, port })
+        })
+        .collect()
+}
+
+fn canonical(a: SocketAddr) -> SocketAddr {
+    SocketAddr::new(a.ip().to_canonical(), a.port())
+}
+
+/// The addresses NodePort traffic is accepted on, in both families: the `nodeport-ips`, or
+/// every local address but loopback where NodePorts match `fib daddr type local`.
+pub(crate) fn node_port_addresses(targets: &NodePortTargets) -> HashSet<IpAddr> {
+    let mut out = HashSet::new();
+    let mut local: Option<Vec<IpAddr>> = None;
+    for (family, ports) in [(IpFamily::V4, &targets.v4), (IpFamily::V6, &targets.v6)] {
+        match ports {
+            NodePorts::Addresses(ips) => out.extend(ips.iter().map(|ip| ip.to_canonical())),
+            NodePorts::MatchAll => {
+                let local = local
+                    .get_or_insert_with(|| crate::nodeaddr::local_addresses().into_iter().map(|(_, ip)| ip).collect());
+                out.extend(local.iter().filter(|ip| IpFamily::of(ip) == family && !ip.is_loopback()).copied());
+            }
+        }
+    }
+    out
+}
+
+/// One family's pass over the conntrack table, for the metrics: recorded when the table could
+/// be listed, as upstream records it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Pass {
+    pub family: IpFamily,
+    pub took: Duration,
+    pub deleted: usize,
+}
+
+/// The reconciler's memory: the service ports of each family's last successful pass.
+#[derive(Debug, Default)]
+pub(crate) struct Reconciler {
+    last: FamilyMap<BTreeMap<ServicePortName, ConntrackTarget>>,
+}
+
+/// Whether `state` still has this service port in `family` (a port the kernel refused is
+/// missing from the sync's targets but not deleted).
+fn exists(state: &ClusterState, name: &ServicePortName, family: IpFamily) -> bool {
+    state
+        .service(&name.service)
+        .is_some_and(|s| s.ports.iter().any(|p| p.name == *name && p.cluster_ip(family).is_some()))
+}
+
+impl Reconciler {
+    /// Runs a pass in each family whose service ports changed since its last successful pass
+    /// (every family with ports the first time). `targets` are the sync's service ports,
+    /// `state` tells deleted ports from refused ones. Failures are logged; a family whose pass
+    /// failed is tried again after the next sync.
+    pub(crate) fn reconcile(
+        &mut self,
+        table: &mut dyn FlowTable,
+        targets: &[ConntrackTarget],
+        nodeports: &NodePortTargets,
+        state: &ClusterState,
+    ) -> Vec<Pass> {
+        let mut node_ips: Option<HashSet<IpAddr>> = None;
+        let mut passes = Vec::new();
+        for family in IpFamily::ALL {
+            let current: BTreeMap<ServicePortName, ConntrackTarget> =
+                targets.iter().filter(|t| t.family == family).map(|t| (t.name.clone(), t.clone())).collect();
+            let last = self.last.get(family);
+            if last == Some(&current) {
+                continue;
+            }
+            let deleted: Vec<&ConntrackTarget> = last
+                .into_iter()
+                .flat_map(|l| l.values())
+                .filter(|t| !current.contains_key(&t.name) && !exists(state, &t.name, family))
+                .collect();
+            if current.is_empty() && deleted.is_empty() {
+                self.last.insert(family, current);
+                continue;
+            }
+            let node_ips = node_ips.get_or_insert_with(|| node_port_addresses(nodeports));
+            let live: Vec<&ConntrackTarget> = current.values().collect();
+            match pass(table, family, &live, &deleted, node_ips) {
+                Some((p, true)) => {
+                    passes.push(p);
+                    self.last.insert(family, current);
+                }
+                Some((p, false)) => passes.push(p),
+                None => {}
+            }
+        }
+        passes
+    }
+}
+
+/// One family's pass. `None` when the table could not be listed; otherwise the pass and
+/// whether every deletion was sent.
+fn pass(
+    table: &mut dyn FlowTable,
+    family: IpFamily,
+    current: &[&ConntrackTarget],
+    deleted: &[&ConntrackTarget],
+    node_ips: &HashSet<IpAddr>,
+) -> Option<(Pass, bool)> {
+    let started = Instant::now();
+    let mut protocols: Vec<u8> = current.iter().chain(deleted).map(|t| t.protocol.number()).collect();
+    protocols.sort_unstable();
+    protocols.dedup();
+    debug!(%family, ports = current.len(), deleted_ports = deleted.len(), "reconciling conntrack entries");
+    let flows = match table.flows(family, &protocols) {
+        Ok(f) => f,
+        Err(e) => {
+            error!(%family, error = %e, "cannot list conntrack entries; trying again after the next sync");
+            return None;
+        }
+    };
+    let stale = stale_flows(&flows, current, deleted, node_ips);
+    for s in &stale {
+        trace!(
+            service = %s.port,
+            protocol = s.flow.protocol,
+            orig_dst = %s.flow.original.dst,
+            reply_src = %s.flow.reply.src,
+            "deleting stale conntrack entry"
+        );
+    }
+    let exact: Vec<Flow> = stale.iter().map(|s| s.flow).collect();
+    let (deleted_entries, complete) = match table.delete(family, &exact) {
+        Ok(n) => (n, true),
+        Err(e) => {
+            error!(%family, error = %e, "cannot delete all stale conntrack entries; trying again after the next sync");
+            (0, false)
+        }
+    };
+    let took = started.elapsed();
+    if deleted_entries > 0 {
+        let ports: BTreeSet<String> = stale.iter().map(|s| s.port.to_string()).collect();
+        let ports: Vec<String> = ports.into_iter().collect();
+        info!(%family, deleted = deleted_entries, services = ports.join(","), "deleted stale conntrack entries");
+    }
+    debug!(%family, flows = flows.len(), deleted = deleted_entries, took_us = took.as_micros() as u64, "reconciled conntrack entries");
+    Some((Pass { family, took, deleted: deleted_entries }, complete))
+}
+
+#[cfg(test)]
+mod tests;

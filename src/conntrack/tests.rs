@@ -1,0 +1,185 @@
+use std::collections::{BTreeMap, HashSet};
+use std::net::IpAddr;
+
+use super::*;
+use crate::model::NamespacedName;
+use crate::net::L4Proto;
+use crate::netlink::conntrack::Tuple;
+
+const NODE_IP: &str = "192.168.50.2";
+
+fn ip(s: &str) -> IpAddr {
+    s.parse().unwrap()
+}
+
+fn flow(orig_dst: &str, reply_src: &str) -> Flow {
+    Flow {
+        protocol: 17,
+        original: Tuple { src: "10.244.1.10:5000".parse().unwrap(), dst: orig_dst.parse().unwrap() },
+        reply: Tuple { src: reply_src.parse().unwrap(), dst: "10.244.1.10:5000".parse().unwrap() },
+    }
+}
+
+fn port_name(service: &str) -> ServicePortName {
+    ServicePortName { service: NamespacedName::new("default", service), port: "dns".into(), protocol: L4Proto::Udp }
+}
+
+/// default/<service>:dns on `cluster_ip`:53 and `node_port`, with these endpoints on 5353.
+fn target(service: &str, cluster_ip: &str, node_port: Option<u16>, endpoints: &[&str]) -> ConntrackTarget {
+    ConntrackTarget {
+        name: port_name(service),
+        family: IpFamily::of(&ip(cluster_ip)),
+        protocol: L4Proto::Udp,
+        destinations: vec![(ip(cluster_ip), 53), (ip("203.0.113.5"), 53)],
+        node_port,
+        endpoints: endpoints.iter().map(|e| (ip(e), 5353)).collect(),
+    }
+}
+
+fn node_ips() -> HashSet<IpAddr> {
+    [ip(NODE_IP)].into_iter().collect()
+}
+
+fn flows_of(stale: Vec<StaleFlow<'_>>) -> Vec<Flow> {
+    stale.into_iter().map(|s| s.flow).collect()
+}
+
+#[test]
+fn only_flows_of_a_service_to_a_non_serving_endpoint_are_stale() {
+    let t = target("dns", "10.96.0.10", Some(30053), &["10.244.2.10"]);
+    let flows = vec![
+        flow("10.96.0.10:53", "10.244.2.10:5353"),        // serving endpoint: kept
+        flow("10.96.0.10:53", "10.244.1.11:5353"),        // gone endpoint: stale
+        flow("203.0.113.5:53", "10.244.1.11:5353"),       // LB IP, gone endpoint: stale
+        flow("192.168.50.2:30053", "10.244.1.11:5353"),   // NodePort, gone endpoint: stale
+        flow("10.96.0.10:53", "10.96.0.10:53"),           // sent before the rules existed (not DNATed): stale
+        flow("10.96.0.99:53", "10.244.1.11:5353"),        // not a service: kept
+        flow("10.96.0.10:54", "10.244.1.11:5353"),        // another port: kept
+        flow("198.51.100.1:30053", "198.51.100.1:30053"), // the NodePort's number on another host: kept
+        flow("192.168.50.2:30053", "10.244.2.10:5353"),   // NodePort, serving endpoint: kept
+    ];
+    let stale = stale_flows(&flows, &[&t], &[], &node_ips());
+    assert!(stale.iter().all(|s| *s.port == t.name));
+    assert_eq!(flows_of(stale), vec![flows[1], flows[2], flows[3], flows[4]]);
+    let mut tcp = flows[1];
+    tcp.protocol = 6;
+    assert!(stale_flows(&[tcp], &[&t], &[], &node_ips()).is_empty(), "other protocols are left alone");
+}
+
+#[test]
+fn a_port_without_serving_endpoints_loses_every_flow_to_its_frontends() {
+    let t = target("dns", "10.96.0.10", Some(30053), &[]);
+    let flows = vec![
+        flow("10.96.0.10:53", "10.244.2.10:5353"),
+        flow("203.0.113.5:53", "10.244.2.10:5353"),
+        flow("192.168.50.2:30053", "10.244.2.10:5353"),
+        flow("198.51.100.1:30053", "198.51.100.1:30053"),
+    ];
+    assert_eq!(flows_of(stale_flows(&flows, &[&t], &[], &node_ips())), flows[..3].to_vec());
+}
+
+#[test]
+fn a_deleted_port_loses_its_flows_unless_a_current_port_took_its_frontend_over() {
+    let gone = target("old", "10.96.0.10", Some(30053), &["10.244.2.10"]);
+    let flows = vec![
+        flow("10.96.0.10:53", "10.244.2.10:5353"),
+        flow("192.168.50.2:30053", "10.244.2.10:5353"),
+        flow("10.96.0.11:53", "10.244.3.10:5353"),
+    ];
+    assert_eq!(flows_of(stale_flows(&flows, &[], &[&gone], &node_ips())), flows[..2].to_vec());
+    // A new service on the same ClusterIP and NodePort: its own endpoints decide.
+    let new = target("new", "10.96.0.10", Some(30053), &["10.244.2.10"]);
+    assert!(stale_flows(&flows, &[&new], &[&gone], &node_ips()).is_empty());
+}
+
+/// A conntrack table in memory.
+#[derive(Default)]
+struct FakeTable {
+    flows: BTreeMap<IpFamily, Vec<Flow>>,
+    lists: usize,
+    fail_list: bool,
+}
+
+impl FlowTable for FakeTable {
+    fn flows(&mut self, family: IpFamily, protocols: &[u8]) -> Result<Vec<Flow>, NetlinkError> {
+        self.lists += 1;
+        if self.fail_list {
+            return Err(NetlinkError::Dump(std::io::Error::from_raw_os_error(libc::ENOBUFS)));
+        }
+        Ok(self.flows.get(&family).into_iter().flatten().filter(|f| protocols.contains(&f.protocol)).copied().collect())
+    }
+
+    fn delete(&mut self, family: IpFamily, flows: &[Flow]) -> Result<usize, NetlinkError> {
+        let table = self.flows.entry(family).or_default();
+        let before = table.len();
+        table.retain(|f| !flows.iter().any(|d| d.original == f.original && d.protocol == f.protocol));
+        Ok(before - table.len())
+    }
+}
+
+fn nodeports() -> NodePortTargets {
+    NodePortTargets { v4: NodePorts::Addresses(vec![ip(NODE_IP)]), v6: NodePorts::Addresses(vec![]) }
+}
+
+/// A state holding Service default/<name> with a UDP port `dns` on `cluster_ip`.
+fn state_with(name: &str, cluster_ip: &str) -> ClusterState {
+    let yaml = format!(
+        "apiVersion: v1\nkind: Service\nmetadata: {{name: {name}, namespace: default}}\nspec:\n  clusterIP: {cluster_ip}\n  ports:\n  - {{name: dns, port: 53, protocol: UDP}}\n"
+    );
+    let mut m = crate::source::manifests::Manifests::default();
+    crate::source::manifests::load_text(std::path::Path::new("t.yaml"), &yaml, &mut m);
+    m.into_state("node1").0
+}
+
+#[test]
+fn passes_run_when_ports_change_and_remember_deleted_ones() {
+    let mut table = FakeTable::default();
+    let to_web3 = flow("10.96.0.10:53", "10.244.2.10:5353");
+    let to_web1 = Flow { original: Tuple { src: "10.244.1.99:6000".parse().unwrap(), ..to_web3.original }, ..to_web3 };
+    let np = flow("192.168.50.2:30053", "10.244.2.10:5353");
+    table.flows.insert(IpFamily::V4, vec![to_web3, to_web1, np]);
+    let mut r = Reconciler::default();
+    let state = state_with("dns", "10.96.0.10");
+    let both = [target("dns", "10.96.0.10", Some(30053), &["10.244.2.10"])];
+
+    // The first pass checks every flow (a restart): all three are to a serving endpoint.
+    let passes = r.reconcile(&mut table, &both, &nodeports(), &state);
+    assert_eq!(passes.iter().map(|p| (p.family, p.deleted)).collect::<Vec<_>>(), vec![(IpFamily::V4, 0)]);
+    assert_eq!(table.lists, 1, "IPv6 has no ports: not listed");
+    // Nothing changed: no pass, no dump.
+    assert!(r.reconcile(&mut table, &both, &nodeports(), &state).is_empty());
+    assert_eq!(table.lists, 1);
+
+    // The service is deleted: every flow to its ClusterIP and NodePort goes.
+    let passes = r.reconcile(&mut table, &[], &nodeports(), &ClusterState::default());
+    assert_eq!(passes.iter().map(|p| p.deleted).sum::<usize>(), 3);
+    assert!(table.flows[&IpFamily::V4].is_empty());
+    // And it is forgotten: the next sync has nothing to do.
+    assert!(r.reconcile(&mut table, &[], &nodeports(), &ClusterState::default()).is_empty());
+}
+
+#[test]
+fn a_port_missing_from_the_sync_but_still_in_the_cluster_keeps_its_flows() {
+    // The kernel refused the service: it is not programmed, but it was not deleted either.
+    let mut table = FakeTable::default();
+    let f = flow("10.96.0.10:53", "10.244.2.10:5353");
+    table.flows.insert(IpFamily::V4, vec![f]);
+    let mut r = Reconciler::default();
+    let state = state_with("dns", "10.96.0.10");
+    r.reconcile(&mut table, &[target("dns", "10.96.0.10", None, &["10.244.2.10"])], &nodeports(), &state);
+    r.reconcile(&mut table, &[], &nodeports(), &state);
+    assert_eq!(table.flows[&IpFamily::V4], vec![f]);
+}
+
+#[test]
+fn a_failed_listing_is_not_a_pass_and_is_tried_again() {
+    let mut table = FakeTable { fail_list: true, ..Default::default() };
+    table.flows.insert(IpFamily::V4, vec![flow("10.96.0.10:53", "10.244.1.11:5353")]);
+    let mut r = Reconciler::default();
+    let state = state_with("dns", "10.96.0.10");
+    let t = [target("dns", "10.96.0.10", None, &["10.244.2.10"])];
+    assert!(r.reconcile(&mut table, &t, &nodeports(), &state).is_empty(), "no metrics without a listing");
+    table.fail_list = false;
+    let passes = r.reconcile(&mut table, &t, &nodeports(), &state);
+    assert_eq!(passes.iter().map(|p| p.deleted).collect::<Vec<_>>(), vec![1]);
+}

@@ -1,0 +1,296 @@
+//! The names of nftproxy's own objects, and the shared sets and maps every service writes into,
+//! as a type: the syncer keys its claims by [`SharedSet`], never by parsing names; a name read
+//! back from the kernel is classified once, by [`SharedSet::from_name`].
+
+use std::borrow::Cow;
+use std::fmt;
+
+use crate::net::IpFamily;
+use crate::nft::ast::{Owner, Set, SetShape};
+
+pub(crate) const CLUSTER_IPS: &str = "cluster-ips";
+pub(crate) const NODEPORT_IPS: &str = "nodeport-ips";
+pub(crate) const FIREWALL_IPS: &str = "firewall-ips";
+pub(crate) const NO_ENDPOINT_NODEPORTS: &str = "no-endpoint-nodeports";
+pub(crate) const NO_ENDPOINT_SERVICES: &str = "no-endpoint-services";
+pub(crate) const SERVICE_IPS: &str = "service-ips";
+pub(crate) const SERVICE_NODEPORTS: &str = "service-nodeports";
+pub(crate) const HAIRPIN: &str = "hairpin-endpoints";
+pub(crate) const CLUSTER_CIDRS: &str = "cluster-cidrs";
+pub(crate) const BALANCED_SERVICE_IPS: &str = "balanced-service-ips";
+pub(crate) const BALANCED_EXTERNAL_IPS: &str = "balanced-external-ips";
+pub(crate) const BALANCED_NODEPORTS: &str = "balanced-nodeports";
+// ServiceCIDR (issue 14): the ranges of the ServiceCIDR objects.
+pub(crate) const SERVICE_CIDRS: &str = "service-cidrs";
+
+pub(crate) const CLUSTER_IPS_CHECK: &str = "cluster-ips-check";
+pub(crate) const FIREWALL_CHECK: &str = "firewall-check";
+pub(crate) const MARK_FOR_MASQUERADE: &str = "mark-for-masquerade";
+pub(crate) const MASQUERADING: &str = "masquerading";
+pub(crate) const NODEPORT_ENDPOINTS_CHECK: &str = "nodeport-endpoints-check";
+pub(crate) const REJECT_CHAIN: &str = "reject-chain";
+pub(crate) const SERVICES: &str = "services";
+pub(crate) const SERVICE_ENDPOINTS_CHECK: &str = "service-endpoints-check";
+pub(crate) const NODEPORTS: &str = "nodeports";
+pub(crate) const BALANCE_SERVICE: &str = "balance-service";
+pub(crate) const BALANCE_EXTERNAL: &str = "balance-external";
+pub(crate) const BALANCE_NODEPORT: &str = "balance-nodeport";
+
+/// What a shared endpoint map holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub(crate) enum MapKind {
+    /// `endpoints-N`: numgen range → endpoint address and port (DNAT targets).
+    Targets,
+    /// `endpoint-chains-N`: numgen range → `goto endpoint-…` (session affinity).
+    Chains,
+}
+
+impl MapKind {
+    const ALL: [MapKind; 2] = [MapKind::Targets, MapKind::Chains];
+
+    fn prefix(self) -> &'static str {
+        match self {
+            MapKind::Targets => "endpoints-",
+            MapKind::Chains => "endpoint-chains-",
+        }
+    }
+}
+
+/// What a balancing map is keyed by.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub(crate) enum BalanceMap {
+    /// `service-endpoints-N`: service address . protocol . port . index → endpoint.
+    Service,
+    /// `nodeport-endpoints-N`: protocol . node port . index → endpoint.
+    Nodeport,
+}
+
+impl BalanceMap {
+    pub(crate) const ALL: [BalanceMap; 2] = [BalanceMap::Service, BalanceMap::Nodeport];
+
+    /// Endpoint counts whose maps (and rules) exist whatever the cluster holds, so a service
+    /// port whose count changes within them changes elements only. A new map costs more than
+    /// its elements: the kernel checks a new set's name against every set of the table, finds
+    /// a set by walking that list from the oldest, and a new rule naming it makes the kernel
+    /// validate the whole table; maps created with the table are first in the list.
+    pub(crate) const PRESET: u32 = 16;
+
+    fn prefix(self) -> &'static str {
+        match self {
+            BalanceMap::Service => "service-endpoints-",
+            BalanceMap::Nodeport => "nodeport-endpoints-",
+        }
+    }
+}
+
+/// The number a shared set's name ends with, written the one way nftproxy writes it.
+fn numbered(name: &str, prefix: &str) -> Option<u32> {
+    let digits = name.strip_prefix(prefix)?;
+    let canonical =
+        !digits.is_empty() && digits.bytes().all(|b| b.is_ascii_digit()) && (digits == "0" || !digits.starts_with('0'));
+    if canonical { digits.parse().ok() } else { None }
+}
+
+/// A set or map that every service port may add elements to. Elements of one key may be claimed
+/// by several services (conflicting input): the first in name order wins, everywhere.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub(crate) enum SharedSet {
+    ClusterIps,
+    NodeportIps,
+    FirewallIps,
+    NoEndpointNodeports,
+    NoEndpointServices,
+    ServiceIps,
+    ServiceNodeports,
+    /// `hairpin-endpoints`: the same element whoever claims it (a pod behind two services).
+    Hairpin,
+    ClusterCidrs,
+    /// `service-cidrs`: the ServiceCIDRs' ranges (issue 14), written by the infrastructure.
+    ServiceCidrs,
+    /// A shared endpoint map, `endpoints-N` or `endpoint-chains-N`: each service port owns a
+    /// window of it, so its keys are never contested.
+    EndpointMap(MapKind, u32),
+    /// `balanced-service-ips`: ClusterIPs (with protocol and port) balanced by `balance-service`.
+    BalancedServiceIps,
+    /// `balanced-external-ips`: external and LoadBalancer IPs balanced by `balance-external`.
+    BalancedExternalIps,
+    /// `balanced-nodeports`: node ports balanced by `balance-nodeport`.
+    BalancedNodeports,
+    /// `service-endpoints-N` / `nodeport-endpoints-N`: the endpoints of every balanced service
+    /// address (node port) that has N of them, by index `0..N`. Created with the table for
+    /// counts up to [`BalanceMap::PRESET`], else while it holds any.
+    Balance(BalanceMap, u32),
+}
+
+impl SharedSet {
+    /// The sets and maps of the infrastructure that services write into.
+    pub(crate) const SERVICE_WRITTEN: [SharedSet; 10] = [
+        SharedSet::ClusterIps,
+        SharedSet::FirewallIps,
+        SharedSet::NoEndpointNodeports,
+        SharedSet::NoEndpointServices,
+        SharedSet::ServiceIps,
+        SharedSet::ServiceNodeports,
+        SharedSet::BalancedServiceIps,
+        SharedSet::BalancedExternalIps,
+        SharedSet::BalancedNodeports,
+        SharedSet::Hairpin,
+    ];
+
+    /// The object's name in the table.
+    pub(crate) fn name(self) -> Cow<'static, str> {
+        Cow::Borrowed(match self {
+            SharedSet::ClusterIps => CLUSTER_IPS,
+            SharedSet::NodeportIps => NODEPORT_IPS,
+            SharedSet::FirewallIps => FIREWALL_IPS,
+            SharedSet::NoEndpointNodeports => NO_ENDPOINT_NODEPORTS,
+            SharedSet::NoEndpointServices => NO_ENDPOINT_SERVICES,
+            SharedSet::ServiceIps => SERVICE_IPS,
+            SharedSet::ServiceNodeports => SERVICE_NODEPORTS,
+            SharedSet::Hairpin => HAIRPIN,
+            SharedSet::ClusterCidrs => CLUSTER_CIDRS,
+            SharedSet::BalancedServiceIps => BALANCED_SERVICE_IPS,
+            SharedSet::BalancedExternalIps => BALANCED_EXTERNAL_IPS,
+            SharedSet::BalancedNodeports => BALANCED_NODEPORTS,
+            SharedSet::ServiceCidrs => SERVICE_CIDRS,
+            SharedSet::EndpointMap(kind, n) => return Cow::Owned(format!("{}{n}", kind.prefix())),
+            SharedSet::Balance(map, n) => return Cow::Owned(format!("{}{n}", map.prefix())),
+        })
+    }
+
+    /// The shared set a name read back from the kernel is, if it is one.
+    pub(crate) fn from_name(name: &str) -> Option<SharedSet> {
+        let fixed = [
+            SharedSet::ClusterIps,
+            SharedSet::NodeportIps,
+            SharedSet::FirewallIps,
+            SharedSet::NoEndpointNodeports,
+            SharedSet::NoEndpointServices,
+            SharedSet::ServiceIps,
+            SharedSet::ServiceNodeports,
+            SharedSet::Hairpin,
+            SharedSet::ClusterCidrs,
+            SharedSet::BalancedServiceIps,
+            SharedSet::BalancedExternalIps,
+            SharedSet::BalancedNodeports,
+            SharedSet::ServiceCidrs,
+        ];
+        if let Some(s) = fixed.into_iter().find(|s| s.name() == name) {
+            return Some(s);
+        }
+        let window = MapKind::ALL
+            .into_iter()
+            .find_map(|kind| Some(SharedSet::EndpointMap(kind, numbered(name, kind.prefix())?)));
+        let balance = || {
+            BalanceMap::ALL.into_iter().find_map(|map| {
+                let n = numbered(name, map.prefix())?;
+                (n > 0).then_some(SharedSet::Balance(map, n))
+            })
+        };
+        window.or_else(balance)
+    }
+
+    /// Whether this is an endpoint map of numgen windows (each service port owns a window).
+    pub(crate) fn is_endpoint_map(self) -> bool {
+        matches!(self, SharedSet::EndpointMap(..))
+    }
+
+    /// Whether the set exists only while it holds elements (created by the first service that
+    /// writes into it, deleted with its last element), rather than with the infrastructure.
+    pub(crate) fn on_demand(self) -> bool {
+        match self {
+            SharedSet::EndpointMap(..) => true,
+            SharedSet::Balance(_, n) => n > BalanceMap::PRESET,
+            _ => false,
+        }
+    }
+
+    /// The set's shape in a family's table.
+    pub(crate) fn shape(self, family: IpFamily) -> SetShape {
+        match self {
+            SharedSet::ClusterIps | SharedSet::NodeportIps => SetShape::Addresses(family),
+            SharedSet::FirewallIps | SharedSet::NoEndpointServices | SharedSet::ServiceIps => {
+                SetShape::ServiceVerdicts(family)
+            }
+            SharedSet::BalancedServiceIps | SharedSet::BalancedExternalIps => SetShape::ServiceKeys(family),
+            SharedSet::BalancedNodeports => SetShape::PortKeys,
+            SharedSet::Balance(BalanceMap::Service, _) => SetShape::ServiceEndpoints(family),
+            SharedSet::Balance(BalanceMap::Nodeport, _) => SetShape::NodeportEndpoints(family),
+            SharedSet::NoEndpointNodeports | SharedSet::ServiceNodeports => SetShape::PortVerdicts,
+            SharedSet::Hairpin => SetShape::AddressPairs(family),
+            SharedSet::ClusterCidrs | SharedSet::ServiceCidrs => SetShape::Prefixes(family),
+            SharedSet::EndpointMap(MapKind::Targets, _) => SetShape::EndpointTargets(family),
+            SharedSet::EndpointMap(MapKind::Chains, _) => SetShape::EndpointChains,
+        }
+    }
+
+    fn comment(self) -> Cow<'static, str> {
+        Cow::Borrowed(match self {
+            SharedSet::ClusterIps => "Active ClusterIPs",
+            SharedSet::NodeportIps => "IPs that accept NodePort traffic",
+            SharedSet::FirewallIps => "destinations that are subject to LoadBalancerSourceRanges",
+            SharedSet::NoEndpointNodeports => "vmap to drop or reject packets to service nodeports with no endpoints",
+            SharedSet::NoEndpointServices => "vmap to drop or reject packets to services with no endpoints",
+            SharedSet::ServiceIps => "ClusterIP, ExternalIP and LoadBalancer IP traffic",
+            SharedSet::ServiceNodeports => "NodePort traffic",
+            SharedSet::Hairpin => "endpoints reaching themselves through a service (masqueraded)",
+            SharedSet::ClusterCidrs => "pod ranges (detect-local)",
+            SharedSet::ServiceCidrs => "ranges of the ServiceCIDRs",
+            SharedSet::EndpointMap(MapKind::Targets, _) => {
+                "service port endpoints: a numgen window per port, a range per endpoint"
+            }
+            SharedSet::EndpointMap(MapKind::Chains, _) => {
+                "endpoint chains of service ports with session affinity: a window per port"
+            }
+            SharedSet::BalancedServiceIps => "ClusterIP traffic balanced by balance-service",
+            SharedSet::BalancedExternalIps => "ExternalIP and LoadBalancer IP traffic balanced by balance-external",
+            SharedSet::BalancedNodeports => "NodePort traffic balanced by balance-nodeport",
+            SharedSet::Balance(BalanceMap::Service, n) => {
+                return Cow::Owned(format!("balanced service addresses with {n} endpoints, by numgen index"));
+            }
+            SharedSet::Balance(BalanceMap::Nodeport, n) => {
+                return Cow::Owned(format!("balanced node ports with {n} endpoints, by numgen index"));
+            }
+        })
+    }
+
+    /// The empty set or map as nftproxy creates it in a family's table.
+    pub(crate) fn empty(self, family: IpFamily) -> Set {
+        Set::new(self.name(), self.shape(family), Owner::infrastructure()).with_comment(&self.comment())
+    }
+}
+
+impl fmt::Display for SharedSet {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.name())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_parse_back() {
+        for set in SharedSet::SERVICE_WRITTEN
+            .into_iter()
+            .chain([SharedSet::NodeportIps, SharedSet::ClusterCidrs, SharedSet::ServiceCidrs])
+            .chain([SharedSet::EndpointMap(MapKind::Targets, 12), SharedSet::EndpointMap(MapKind::Chains, 0)])
+            .chain([SharedSet::Balance(BalanceMap::Service, 1), SharedSet::Balance(BalanceMap::Nodeport, 250)])
+        {
+            assert_eq!(SharedSet::from_name(&set.name()), Some(set), "{set}");
+        }
+        for bad in [
+            "endpoints-",
+            "endpoints-01",
+            "endpoints-x",
+            "endpoints-AB12-ns/svc",
+            "affinity-x",
+            "services",
+            "service-endpoints-0",
+            "nodeport-endpoints-07",
+        ] {
+            assert_eq!(SharedSet::from_name(bad), None, "{bad}");
+        }
+    }
+}

@@ -1,0 +1,384 @@
+//! Where each service port's endpoints sit in the shared endpoint maps.
+//!
+//! A service port with several endpoints balances with `numgen random mod 1048576 offset K`
+//! over its own **window** of 2^20 numbers in one of a few shared interval maps
+//! (`endpoints-0`, `endpoints-1`, … for DNAT targets; `endpoint-chains-0`, … for the endpoint
+//! chains of session affinity). The window is split into one range per endpoint, as evenly as
+//! 2^20 allows (the largest relative difference between two endpoints is N / 2^20).
+//!
+//! The shape follows the kernel's costs, measured on the benchmark's clusters:
+//! - the rule never changes while the service port has endpoints, so adding or removing one is
+//!   a few element operations in a data map, which the kernel commits without re-validating
+//!   every chain of the table (a rule change costs that walk: ~13 ms at 10,000 services);
+//! - one map per service port would make every set reference a linear scan by name over
+//!   thousands of sets (the kernel keeps a table's sets in a list);
+//! - one map for everything would make every rule that looks it up walk all its elements (the
+//!   kernel checks a map's data against each chain that binds it).
+//!
+//! Maps of about [`SHARD_LOAD`] endpoints bound both scans for DNAT targets. Verdict maps are
+//! different: whenever the table is validated (every commit that adds a rule or a `goto`), the
+//! kernel walks a verdict map in full for each rule that looks it up, so a shared
+//! `endpoint-chains` map would make that walk quadratic; each affinity port has its own.
+//!
+//! A [`Placement`] is a plain value, an input to planning: planning asks it where a window is
+//! ([`SlotLookup`]) and never changes it. The syncer changes it explicitly: [`Placement::settle`]
+//! places every service at once (a full sync: windows found in the kernel, or placed before, stay
+//! where they are), [`Placement::update_service`] moves one service to its new windows (a partial
+//! sync). A window never moves while its service port keeps needing it.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+
+use crate::model::NamespacedName;
+use crate::net::IpFamily;
+use crate::plan::objects::MapKind;
+
+/// The numbers `numgen` draws for one service port.
+pub(crate) const WINDOW: u32 = 1 << crate::nft::wire::NUMGEN_WINDOW_BITS;
+/// Windows per map: offsets stay below 2^31, so a window's end never overflows.
+pub(crate) const SHARD_WINDOWS: u32 = 2048;
+/// Endpoints per map before the next map is used (a service port that grows later may pass
+/// it; it never moves).
+pub(crate) const SHARD_LOAD: u32 = 1024;
+
+/// The window one balancing chain needs: its family, the kind of map, and the chain (which
+/// names the service port and the policy).
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub(crate) struct WindowId {
+    pub family: IpFamily,
+    pub kind: MapKind,
+    pub chain: String,
+}
+
+/// A window a chain needs, and how many endpoints it holds (which decides how full its map is).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct WindowDemand {
+    pub id: WindowId,
+    pub endpoints: u32,
+}
+
+/// Where a chain's endpoints are: map shard and window offset.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Slot {
+    pub shard: u32,
+    pub offset: u32,
+}
+
+impl Slot {
+    /// The window number inside its shard.
+    pub(crate) fn window(self) -> u32 {
+        self.offset / WINDOW
+    }
+}
+
+/// Where planning finds windows.
+pub(crate) trait SlotLookup {
+    /// The slot of a window, if it is placed.
+    fn slot(&self, id: &WindowId) -> Option<Slot>;
+}
+
+impl SlotLookup for [(WindowId, Slot)] {
+    fn slot(&self, id: &WindowId) -> Option<Slot> {
+        self.iter().find(|(w, _)| w == id).map(|(_, s)| *s)
+    }
+}
+
+impl SlotLookup for Vec<(WindowId, Slot)> {
+    fn slot(&self, id: &WindowId) -> Option<Slot> {
+        self.as_slice().slot(id)
+    }
+}
+
+/// The ranges `n` endpoints get in a window at `offset`: `(first, last)` per endpoint.
+pub(crate) fn ranges(offset: u32, n: u32) -> Vec<(u32, u32)> {
+    let n = n.clamp(1, WINDOW);
+    let (width, extra) = (WINDOW / n, WINDOW % n);
+    let mut start = offset;
+    (0..n)
+        .map(|i| {
+            let len = width + u32::from(i < extra);
+            let range = (start, start + len - 1);
+            start += len;
+            range
+        })
+        .collect()
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Block {
+    shard: u32,
+    window: u32,
+    load: u32,
+}
+
+/// One shared map's windows.
+#[derive(Debug, Clone, Default)]
+struct Shard {
+    /// Windows given back below `top`.
+    free: BTreeSet<u32>,
+    top: u32,
+    load: u32,
+    blocks: usize,
+}
+
+impl Shard {
+    fn take_window(&mut self) -> Option<u32> {
+        if let Some(w) = self.free.pop_first() {
+            return Some(w);
+        }
+        (self.top < SHARD_WINDOWS).then(|| {
+            self.top += 1;
+            self.top - 1
+        })
+    }
+
+    fn has_window(&self) -> bool {
+        !self.free.is_empty() || self.top < SHARD_WINDOWS
+    }
+}
+
+type Space = (IpFamily, MapKind);
+
+/// Every placed window, by chain, with the service holding it.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Placement {
+    blocks: HashMap<WindowId, Block>,
+    shards: BTreeMap<Space, BTreeMap<u32, Shard>>,
+    services: HashMap<NamespacedName, Vec<WindowId>>,
+}
+
+impl Placement {
+    /// Nothing placed (an empty kernel).
+    pub(crate) fn new() -> Placement {
+        Placement::default()
+    }
+
+    /// Places every service's windows at once, services in the order given. A window in
+    /// `prior` (where it was placed before, or found in the kernel) stays there when demanded
+    /// again, unless an earlier service already holds that spot; every other demand gets a free
+    /// window. Windows of `prior` nobody demands are free.
+    pub(crate) fn settle(
+        prior: impl IntoIterator<Item = (WindowId, Slot)>,
+        demands: impl IntoIterator<Item = (NamespacedName, Vec<WindowDemand>)>,
+    ) -> Placement {
+        let prior: HashMap<WindowId, Slot> = prior.into_iter().collect();
+        let demands: Vec<(NamespacedName, Vec<WindowDemand>)> = demands.into_iter().collect();
+        let mut p = Placement::new();
+        // First the windows that stay, so that nothing new lands on them.
+        let mut taken: BTreeSet<(IpFamily, MapKind, u32, u32)> = BTreeSet::new();
+        for (service, wanted) in &demands {
+            for demand in wanted {
+                let Some(slot) = prior.get(&demand.id) else { continue };
+                let at = (demand.id.family, demand.id.kind, slot.shard, slot.window());
+                if slot.offset % WINDOW != 0 || slot.window() >= SHARD_WINDOWS || !taken.insert(at) {
+                    continue;
+                }
+                let shard =
+                    p.shards.entry((demand.id.family, demand.id.kind)).or_default().entry(slot.shard).or_default();
+                shard.top = shard.top.max(slot.window() + 1);
+                shard.load = shard.load.saturating_add(demand.endpoints);
+                shard.blocks += 1;
+                p.blocks.insert(
+                    demand.id.clone(),
+                    Block { shard: slot.shard, window: slot.window(), load: demand.endpoints },
+                );
+                p.services.entry(service.clone()).or_default().push(demand.id.clone());
+            }
+        }
+        for ((family, kind), shards) in &mut p.shards {
+            for (id, shard) in shards.iter_mut() {
+                shard.free = (0..shard.top).filter(|w| !taken.contains(&(*family, *kind, *id, *w))).collect();
+            }
+        }
+        for (service, wanted) in demands {
+            for demand in wanted {
+                if !p.blocks.contains_key(&demand.id) {
+                    p.allocate(&demand);
+                    p.services.entry(service.clone()).or_default().push(demand.id);
+                }
+            }
+        }
+        p
+    }
+
+    /// Moves one service to the windows it demands now: windows it keeps stay where they are
+    /// (with their new endpoint counts), windows it no longer needs are freed, new ones placed.
+    pub(crate) fn update_service(&mut self, service: &NamespacedName, demands: &[WindowDemand]) {
+        let old = self.services.remove(service).unwrap_or_default();
+        for id in old.iter().filter(|id| !demands.iter().any(|d| d.id == **id)) {
+            self.release(id);
+        }
+        for demand in demands {
+            match self.blocks.get_mut(&demand.id) {
+                Some(block) => {
+                    let space = (demand.id.family, demand.id.kind);
+                    if let Some(shard) = self.shards.get_mut(&space).and_then(|s| s.get_mut(&block.shard)) {
+                        shard.load = shard.load.saturating_sub(block.load).saturating_add(demand.endpoints);
+                    }
+                    block.load = demand.endpoints;
+                }
+                None => self.allocate(demand),
+            }
+        }
+        if !demands.is_empty() {
+            self.services.insert(service.clone(), demands.iter().map(|d| d.id.clone()).collect());
+        }
+        self.drop_empty_shards();
+    }
+
+    /// Every placed window and its slot.
+    pub(crate) fn windows(&self) -> impl Iterator<Item = (WindowId, Slot)> + '_ {
+        self.blocks.iter().map(|(id, b)| (id.clone(), Slot { shard: b.shard, offset: b.window * WINDOW }))
+    }
+
+    /// The endpoint maps in use: (family, kind, shard).
+    pub(crate) fn maps(&self) -> BTreeSet<(IpFamily, MapKind, u32)> {
+        self.blocks.iter().map(|(id, b)| (id.family, id.kind, b.shard)).collect()
+    }
+
+    /// The windows one service holds.
+    pub(crate) fn slots_of(&self, service: &NamespacedName) -> Vec<(WindowId, Slot)> {
+        let ids = self.services.get(service).map(Vec::as_slice).unwrap_or_default();
+        ids.iter().filter_map(|id| Some((id.clone(), self.slot(id)?))).collect()
+    }
+
+    fn allocate(&mut self, demand: &WindowDemand) {
+        let (kind, n) = (demand.id.kind, demand.endpoints);
+        let shards = self.shards.entry((demand.id.family, kind)).or_default();
+        // A verdict map is walked in full for every rule that looks it up whenever the table is
+        // validated (any commit adding a rule or a goto), so sharing one between service ports
+        // makes that walk quadratic: each affinity port gets a map of its own.
+        let fits = |s: &Shard| {
+            s.has_window() && s.load.saturating_add(n) <= SHARD_LOAD && (kind == MapKind::Targets || s.blocks == 0)
+        };
+        let id = match shards.iter().find(|(_, s)| fits(s)) {
+            Some((id, _)) => *id,
+            // The lowest unused shard number, so names stay small and are reused.
+            None => (0..).find(|i| !shards.contains_key(i)).unwrap_or(0),
+        };
+        let shard = shards.entry(id).or_default();
+        let window = shard.take_window().unwrap_or(0);
+        shard.load = shard.load.saturating_add(n);
+        shard.blocks += 1;
+        self.blocks.insert(demand.id.clone(), Block { shard: id, window, load: n });
+    }
+
+    fn release(&mut self, id: &WindowId) {
+        let Some(block) = self.blocks.remove(id) else { return };
+        if let Some(shard) = self.shards.get_mut(&(id.family, id.kind)).and_then(|s| s.get_mut(&block.shard)) {
+            shard.free.insert(block.window);
+            shard.load = shard.load.saturating_sub(block.load);
+            shard.blocks = shard.blocks.saturating_sub(1);
+        }
+    }
+
+    fn drop_empty_shards(&mut self) {
+        for shards in self.shards.values_mut() {
+            shards.retain(|_, s| s.blocks > 0);
+        }
+    }
+}
+
+impl SlotLookup for Placement {
+    fn slot(&self, id: &WindowId) -> Option<Slot> {
+        self.blocks.get(id).map(|b| Slot { shard: b.shard, offset: b.window * WINDOW })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const F: IpFamily = IpFamily::V4;
+    const T: MapKind = MapKind::Targets;
+
+    fn at(shard: u32, window: u32) -> Slot {
+        Slot { shard, offset: window * WINDOW }
+    }
+
+    fn id(chain: &str) -> WindowId {
+        WindowId { family: F, kind: T, chain: chain.to_string() }
+    }
+
+    fn want(chain: &str, n: u32) -> WindowDemand {
+        WindowDemand { id: id(chain), endpoints: n }
+    }
+
+    fn svc(name: &str) -> NamespacedName {
+        NamespacedName::new("ns", name)
+    }
+
+    #[test]
+    fn ranges_split_a_window_evenly() {
+        let r = ranges(WINDOW, 3);
+        assert_eq!(r.len(), 3);
+        assert_eq!(r[0].0, WINDOW);
+        assert_eq!(r[2].1, 2 * WINDOW - 1);
+        for pair in r.windows(2) {
+            assert_eq!(pair[0].1 + 1, pair[1].0, "contiguous");
+        }
+        let sizes: Vec<u32> = r.iter().map(|(a, b)| b - a + 1).collect();
+        assert!(sizes.iter().max().unwrap() - sizes.iter().min().unwrap() <= 1, "{sizes:?}");
+        assert_eq!(ranges(0, 1), vec![(0, WINDOW - 1)]);
+    }
+
+    #[test]
+    fn windows_never_move_and_are_reused_when_freed() {
+        let mut p = Placement::settle([], [(svc("a"), vec![want("a", 3)]), (svc("b"), vec![want("b", 5)])]);
+        assert_eq!(p.slot(&id("a")), Some(at(0, 0)));
+        assert_eq!(p.slot(&id("b")), Some(at(0, 1)));
+        p.update_service(&svc("a"), &[want("a", 300)]);
+        assert_eq!(p.slot(&id("a")), Some(at(0, 0)), "growing keeps the window");
+        p.update_service(&svc("c"), &[want("c", 2)]);
+        assert_eq!(p.slot(&id("c")), Some(at(0, 2)));
+        p.update_service(&svc("b"), &[]);
+        p.update_service(&svc("d"), &[want("d", 2)]);
+        assert_eq!(p.slot(&id("d")), Some(at(0, 1)), "b's window is free again");
+        assert_eq!(p.slots_of(&svc("b")), vec![]);
+    }
+
+    #[test]
+    fn a_full_map_sends_new_windows_to_the_next_and_empty_maps_go() {
+        let mut p = Placement::new();
+        p.update_service(&svc("big"), &[want("big", SHARD_LOAD - 10)]);
+        p.update_service(&svc("next"), &[want("next", 20)]);
+        p.update_service(&svc("small"), &[want("small", 10)]);
+        assert_eq!(p.slot(&id("big")), Some(at(0, 0)));
+        assert_eq!(p.slot(&id("next")), Some(at(1, 0)), "map 0 is full");
+        assert_eq!(p.slot(&id("small")), Some(at(0, 1)), "map 0 still takes what fits");
+        let v6 = WindowDemand { id: WindowId { family: IpFamily::V6, ..id("a") }, endpoints: 3 };
+        let chains = WindowDemand { id: WindowId { kind: MapKind::Chains, ..id("a") }, endpoints: 3 };
+        p.update_service(&svc("a"), &[v6.clone(), chains.clone()]);
+        assert_eq!(p.slot(&v6.id), Some(at(0, 0)), "families are separate spaces");
+        assert_eq!(p.slot(&chains.id), Some(at(0, 0)), "so are map kinds");
+        p.update_service(&svc("next"), &[]);
+        assert_eq!(p.shards[&(F, T)].len(), 1, "map 1 was dropped when it emptied");
+    }
+
+    #[test]
+    fn settling_keeps_prior_windows_and_gives_conflicts_to_the_first() {
+        let prior = vec![
+            (id("a"), at(0, 3)),
+            (id("b"), at(0, 0)),
+            (id("x"), at(0, 3)),
+            (id("c"), at(3, 0)),
+            (id("gone"), at(0, 1)),
+            (id("odd"), Slot { shard: 0, offset: 5 }),
+        ];
+        let demands = vec![
+            (svc("a"), vec![want("a", 3)]),
+            (svc("b"), vec![want("b", 3)]),
+            (svc("c"), vec![want("c", 8)]),
+            (svc("d"), vec![want("d", 2)]),
+            (svc("odd"), vec![want("odd", 2)]),
+            (svc("x"), vec![want("x", 2)]),
+        ];
+        let p = Placement::settle(prior, demands);
+        assert_eq!(p.slot(&id("a")), Some(at(0, 3)));
+        assert_eq!(p.slot(&id("b")), Some(at(0, 0)));
+        assert_eq!(p.slot(&id("c")), Some(at(3, 0)));
+        assert_eq!(p.slot(&id("d")), Some(at(0, 1)), "the window nobody kept is free");
+        assert_eq!(p.slot(&id("odd")), Some(at(0, 2)), "an offset that is not a window is not kept");
+        assert_eq!(p.slot(&id("x")), Some(at(0, 4)), "x claimed a's window: it gets a free one");
+        assert_eq!(p.slot(&id("gone")), None);
+    }
+}

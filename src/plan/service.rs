@@ -1,0 +1,402 @@
+//! One service port in one family: its dispatch elements, policy chains, firewall, NodePort,
+//! affinity, and the endpoint windows it balances over.
+
+use std::net::IpAddr;
+
+use ipnet::IpNet;
+
+use super::endpoints::{Categorized, NodeView, categorize};
+use super::objects::*;
+use super::placement::{self, Slot, SlotLookup, WindowDemand, WindowId};
+use super::{Fragment, PlanInput, ServicePlan, goto, jump, local_match, lookup, names};
+use crate::model::{Endpoint, ServicePort};
+use crate::net::IpFamily;
+use crate::nft::wire::udata::truncate_comment;
+use crate::nft::*;
+
+/// This node, as planning sees it.
+pub(super) struct NodeContext<'a> {
+    view: NodeView<'a>,
+}
+
+impl<'a> NodeContext<'a> {
+    pub(super) fn of(input: &PlanInput<'a>) -> NodeContext<'a> {
+        let zone = input.state.node().and_then(|n| n.zone());
+        NodeContext { view: NodeView { name: input.config.hostname.as_str(), zone } }
+    }
+}
+
+/// Planning of one service port in one family: its endpoints sorted into the lists each policy
+/// uses, and its chain names.
+pub(super) struct PortPlan<'a> {
+    family: IpFamily,
+    sp: &'a ServicePort,
+    cluster_ip: IpAddr,
+    input: &'a PlanInput<'a>,
+    cat: Categorized,
+    base: String,
+}
+
+/// Whether a chain balancing over `n` endpoints uses a window of an endpoint map (rather than
+/// a plain DNAT or goto).
+fn windowed(n: usize) -> bool {
+    n > 1
+}
+
+impl<'a> PortPlan<'a> {
+    /// The service port in `family`, if it has a ClusterIP there.
+    pub(super) fn new(
+        family: IpFamily,
+        sp: &'a ServicePort,
+        input: &'a PlanInput<'a>,
+        node: &NodeContext<'_>,
+    ) -> Option<PortPlan<'a>> {
+        let cluster_ip = sp.cluster_ip(family)?;
+        let endpoints = input.state.endpoints(&sp.name, family);
+        let cat = categorize(&endpoints, sp, &node.view);
+        Some(PortPlan { family, sp, cluster_ip, input, cat, base: names::service_port_base(&sp.name) })
+    }
+
+    fn uses_cluster_chain(&self) -> bool {
+        !self.cat.cluster.is_empty() && self.sp.uses_cluster_endpoints()
+    }
+
+    fn uses_local_chain(&self) -> bool {
+        !self.cat.local.is_empty() && self.sp.uses_local_endpoints()
+    }
+
+    fn map_kind(&self) -> MapKind {
+        if self.sp.session_affinity_secs.is_some() { MapKind::Chains } else { MapKind::Targets }
+    }
+
+    /// Whether the port is balanced by the shared balancing chains, with no chain of its own:
+    /// all but session affinity (per-endpoint state) and `externalTrafficPolicy: Local` on an
+    /// externally reachable port (which tells pods and the node apart from other sources).
+    fn balanced(&self) -> bool {
+        self.sp.session_affinity_secs.is_none() && !self.sp.external_local()
+    }
+
+    /// The endpoint windows this port's balancing chains need.
+    pub(super) fn window_demands(&self) -> Vec<WindowDemand> {
+        let mut out = Vec::new();
+        if self.balanced() {
+            return out;
+        }
+        let mut demand = |chain: String, n: usize| {
+            if windowed(n) {
+                let id = WindowId { family: self.family, kind: self.map_kind(), chain };
+                out.push(WindowDemand { id, endpoints: u32::try_from(n).unwrap_or(u32::MAX) });
+            }
+        };
+        if self.uses_cluster_chain() {
+            demand(format!("service-{}", self.base), self.cat.cluster.len());
+        }
+        if self.uses_local_chain() {
+            demand(format!("local-{}", self.base), self.cat.local.len());
+        }
+        out
+    }
+
+    /// Writes the service port's objects into `table`; returns the endpoints it DNATs to.
+    pub(super) fn write(self, table: &mut Fragment, slots: &dyn SlotLookup, out: &mut ServicePlan) -> Vec<Endpoint> {
+        let sp = self.sp;
+        let family = self.family;
+        let owner = Owner::service_port(&sp.name);
+        let comment = truncate_comment(&sp.name.to_string()).to_string();
+        let base = &self.base;
+        let cluster_chain = format!("service-{base}");
+        let local_chain = format!("local-{base}");
+        let external_chain = format!("external-{base}");
+        let firewall_chain = format!("firewall-{base}");
+
+        let cat = &self.cat;
+        out.stats.service_ports += 1;
+        out.stats.endpoints += cat.reachable.len();
+
+        let uses_cluster_chain = self.uses_cluster_chain();
+        let uses_local_chain = self.uses_local_chain();
+        let internal_chain = if sp.internal_policy_local { &local_chain } else { &cluster_chain };
+        let has_internal = cat.has_any && (!sp.internal_policy_local || !cat.local.is_empty());
+        let external_local = sp.external_local();
+        let uses_external_chain = cat.has_any && sp.externally_accessible();
+        let has_external = cat.has_any && (!external_local || !cat.local.is_empty());
+        // No endpoints anywhere: reject (fail fast). Endpoints exist, but not for this
+        // policy on this node: drop, as upstream.
+        let no_endpoint_verdict = if cat.has_any { Verdict::Drop } else { Verdict::Goto(REJECT_CHAIN.to_string()) };
+        if !cat.has_any {
+            out.stats.no_endpoints += 1;
+        } else {
+            if !has_internal {
+                out.stats.no_local_internal += 1;
+            }
+            if sp.externally_accessible() && !has_external {
+                out.stats.no_local_external += 1;
+            }
+        }
+
+        let proto = Value::Proto(sp.name.protocol);
+        let port = Value::Port(sp.port);
+        let element = |verdict: Verdict| Element::verdict(verdict, owner.clone()).with_comment(comment.clone());
+        let add = |table: &mut Fragment, set: SharedSet, key: Vec<Value>, element: Element| {
+            table.add(set, key, element);
+        };
+
+        // ClusterIP
+        add(table, SharedSet::ClusterIps, vec![Value::Addr(self.cluster_ip)], Element::key_only(owner.clone()));
+        let balanced = self.balanced();
+        let internal_endpoints = if sp.internal_policy_local { &cat.local } else { &cat.cluster };
+        let cip_key = vec![Value::Addr(self.cluster_ip), proto.clone(), port.clone()];
+        if !has_internal {
+            add(table, SharedSet::NoEndpointServices, cip_key, element(no_endpoint_verdict.clone()));
+        } else if balanced {
+            self.write_balanced(table, SharedSet::BalancedServiceIps, cip_key, internal_endpoints, &owner, &comment);
+        } else {
+            add(table, SharedSet::ServiceIps, cip_key, element(Verdict::Goto(internal_chain.clone())));
+        }
+
+        // ExternalIPs and LoadBalancer IPs
+        let external_ips: Vec<IpAddr> =
+            sp.external_ips.iter().copied().filter(|ip| IpFamily::of(ip) == family).collect();
+        let lb_ips: Vec<IpAddr> =
+            sp.load_balancer_ips.iter().copied().filter(|ip| IpFamily::of(ip) == family).collect();
+        for ip in external_ips.iter().chain(lb_ips.iter()) {
+            let key = vec![Value::Addr(*ip), proto.clone(), port.clone()];
+            if balanced && has_external {
+                self.write_balanced(table, SharedSet::BalancedExternalIps, key.clone(), &cat.cluster, &owner, &comment);
+            } else if cat.has_any && !balanced {
+                add(table, SharedSet::ServiceIps, key.clone(), element(Verdict::Goto(external_chain.clone())));
+            }
+            if !has_external {
+                add(table, SharedSet::NoEndpointServices, key, element(no_endpoint_verdict.clone()));
+            }
+        }
+
+        // loadBalancerSourceRanges
+        let ranges: Vec<IpNet> =
+            sp.load_balancer_source_ranges.iter().copied().filter(|n| IpFamily::of_net(n) == family).collect();
+        if !lb_ips.is_empty() && !ranges.is_empty() {
+            let set_name = format!("source-ranges-{base}");
+            let mut allowed = ranges.clone();
+            // A node inside the allowed ranges may reach the VIP with the VIP itself as source
+            // (the VIP is often a local address): allow that too, as upstream does.
+            let node_ip = self
+                .input
+                .state
+                .node()
+                .and_then(|n| n.internal_ips.iter().copied().find(|ip| IpFamily::of(ip) == family));
+            if node_ip.is_some_and(|ip| ranges.iter().any(|r| r.contains(&ip))) {
+                allowed.extend(lb_ips.iter().map(|ip| IpNet::from(*ip)));
+            }
+            let mut set = Set::new(&set_name, SetShape::Prefixes(family), owner.clone());
+            for net in IpNet::aggregate(&allowed) {
+                set.insert(vec![Value::Prefix(net)], Element::key_only(owner.clone()));
+            }
+            table.own.add_set(set);
+            let mut fw = Chain::regular(&firewall_chain, owner.clone());
+            fw.push(
+                Rule::new(vec![
+                    Stmt::Lookup { key: vec![Selector::Saddr(family)], set: set_name, negate: true },
+                    Stmt::Verdict(Verdict::Drop),
+                ])
+                .with_comment(comment.clone()),
+            );
+            table.own.add_chain(fw);
+            for ip in &lb_ips {
+                add(
+                    table,
+                    SharedSet::FirewallIps,
+                    vec![Value::Addr(*ip), proto.clone(), port.clone()],
+                    element(Verdict::Goto(firewall_chain.clone())),
+                );
+            }
+        }
+
+        // NodePort
+        if let Some(node_port) = sp.node_port {
+            let key = vec![proto.clone(), Value::Port(node_port)];
+            if balanced && has_external {
+                self.write_balanced(table, SharedSet::BalancedNodeports, key.clone(), &cat.cluster, &owner, &comment);
+            } else if cat.has_any && !balanced {
+                add(table, SharedSet::ServiceNodeports, key.clone(), element(Verdict::Goto(external_chain.clone())));
+            }
+            if !has_external {
+                add(table, SharedSet::NoEndpointNodeports, key, element(no_endpoint_verdict.clone()));
+            }
+        }
+
+        if balanced {
+            out.conntrack.extend(super::conntrack::target(family, sp, self.input.state));
+            return self.cat.reachable;
+        }
+
+        // Policy chains first, so the external chain's gotos point at existing names.
+        let affinity = sp.session_affinity_secs;
+        if uses_cluster_chain {
+            self.write_policy_chain(table, slots, &cluster_chain, &cat.cluster, &owner, &comment);
+        }
+        if uses_local_chain {
+            self.write_policy_chain(table, slots, &local_chain, &cat.local, &owner, &comment);
+        }
+        if uses_external_chain {
+            let mut ext = Chain::regular(&external_chain, owner.clone());
+            if !external_local {
+                ext.push(Rule::new(vec![jump(MARK_FOR_MASQUERADE)]));
+            } else {
+                if let Some(pods) = local_match(family, self.input, false) {
+                    ext.push(Rule::new(vec![pods, goto(&cluster_chain)]).with_comment("short-circuit pod traffic"));
+                }
+                ext.push(
+                    Rule::new(vec![Stmt::FibLocal(FibAddr::Saddr), jump(MARK_FOR_MASQUERADE)])
+                        .with_comment("masquerade local traffic"),
+                );
+                ext.push(
+                    Rule::new(vec![Stmt::FibLocal(FibAddr::Saddr), goto(&cluster_chain)])
+                        .with_comment("short-circuit local traffic"),
+                );
+            }
+            if has_external {
+                let target = if external_local { &local_chain } else { &cluster_chain };
+                ext.push(Rule::new(vec![goto(target)]));
+            }
+            table.own.add_chain(ext);
+        }
+        if let Some(timeout) = affinity {
+            for ep in &cat.reachable {
+                let eb = names::endpoint_base(&sp.name, ep);
+                let mut set = Set::new(format!("affinity-{eb}"), SetShape::Affinity(family), owner.clone());
+                set.timeout_secs = Some(timeout);
+                table.own.add_set(set);
+                let mut chain = Chain::regular(format!("endpoint-{eb}"), owner.clone());
+                chain.push(Rule::new(vec![Stmt::UpdateSet {
+                    set: format!("affinity-{eb}"),
+                    key: Selector::Saddr(family),
+                }]));
+                chain.push(Rule::new(self.dnat_to(ep)).with_comment(comment.clone()));
+                table.own.add_chain(chain);
+            }
+        }
+
+        out.conntrack.extend(super::conntrack::target(family, sp, self.input.state));
+        self.cat.reachable
+    }
+
+    /// A balanced service address (node port): its key in `keys` (a `balanced-…` set) and its
+    /// endpoints, by index, in the balancing map for their count. No endpoints: nothing (the
+    /// caller has written the address's no-endpoint verdict).
+    fn write_balanced(
+        &self,
+        table: &mut Fragment,
+        keys: SharedSet,
+        key: Vec<Value>,
+        endpoints: &[Endpoint],
+        owner: &Owner,
+        comment: &str,
+    ) {
+        let Ok(n) = u32::try_from(endpoints.len()) else { return };
+        if n == 0 {
+            return;
+        }
+        let map = match keys {
+            SharedSet::BalancedNodeports => BalanceMap::Nodeport,
+            _ => BalanceMap::Service,
+        };
+        for (i, ep) in (0..n).zip(endpoints) {
+            let mut indexed = key.clone();
+            indexed.push(Value::Index(i));
+            let target = vec![Value::Addr(ep.ip), Value::Port(ep.port)];
+            table.add(
+                SharedSet::Balance(map, n),
+                indexed,
+                Element::values(target, owner.clone()).with_comment(comment),
+            );
+        }
+        table.add(keys, key, Element::key_only(owner.clone()).with_comment(comment));
+    }
+
+    /// The window of a balancing chain over `n` endpoints; `None` when `n` needs none. A window
+    /// the placement lacks (it places every demand, so only a bug gets here) leaves the chain
+    /// with a plain DNAT to the first endpoint rather than a rule naming no window.
+    fn window(&self, slots: &dyn SlotLookup, chain: &str, n: usize) -> Option<Slot> {
+        if !windowed(n) {
+            return None;
+        }
+        let id = WindowId { family: self.family, kind: self.map_kind(), chain: chain.to_string() };
+        let slot = slots.slot(&id);
+        if slot.is_none() {
+            tracing::error!(chain, "no endpoint window placed for a balancing chain; using its first endpoint");
+        }
+        slot
+    }
+
+    /// `meta l4proto tcp dnat to ip:port`
+    fn dnat_to(&self, ep: &Endpoint) -> Vec<Stmt> {
+        vec![
+            Stmt::Cmp { sel: Selector::L4Proto, op: CmpOp::Eq, value: Value::Proto(self.sp.name.protocol) },
+            Stmt::Dnat { addr: ep.ip, port: ep.port },
+        ]
+    }
+
+    /// A chain balancing over `endpoints`: a plain DNAT for one, numgen over a block of the
+    /// shared DNAT map for more; with ClientIP affinity, lookups of the affinity sets first and
+    /// endpoint chains behind a block of the shared verdict map.
+    fn write_policy_chain(
+        &self,
+        table: &mut Fragment,
+        slots: &dyn SlotLookup,
+        chain_name: &str,
+        endpoints: &[Endpoint],
+        owner: &Owner,
+        comment: &str,
+    ) {
+        let family = self.family;
+        let mut chain = Chain::regular(chain_name, owner.clone());
+        let n = u32::try_from(endpoints.len()).unwrap_or(u32::MAX);
+        if self.sp.session_affinity_secs.is_some() {
+            let chains: Vec<String> =
+                endpoints.iter().map(|ep| format!("endpoint-{}", names::endpoint_base(&self.sp.name, ep))).collect();
+            for (ep, ep_chain) in endpoints.iter().zip(&chains) {
+                let eb = names::endpoint_base(&self.sp.name, ep);
+                chain.push(Rule::new(vec![lookup(Selector::Saddr(family), &format!("affinity-{eb}")), goto(ep_chain)]));
+            }
+            match self.window(slots, chain_name, endpoints.len()) {
+                None => chain.push(Rule::new(vec![goto(&chains[0])]).with_comment(comment)),
+                Some(slot) => {
+                    let map = SharedSet::EndpointMap(MapKind::Chains, slot.shard);
+                    for ((lo, hi), ep_chain) in placement::ranges(slot.offset, n).into_iter().zip(&chains) {
+                        table.add(
+                            map,
+                            vec![Value::IndexRange(lo, hi)],
+                            Element::verdict(Verdict::Goto(ep_chain.clone()), owner.clone()).with_comment(comment),
+                        );
+                    }
+                    let map = map.name().into_owned();
+                    chain.push(
+                        Rule::new(vec![Stmt::NumgenVmap { modulus: placement::WINDOW, offset: slot.offset, map }])
+                            .with_comment(comment),
+                    );
+                }
+            }
+        } else if let Some(slot) = self.window(slots, chain_name, endpoints.len()) {
+            let map = SharedSet::EndpointMap(MapKind::Targets, slot.shard);
+            for ((lo, hi), ep) in placement::ranges(slot.offset, n).into_iter().zip(endpoints) {
+                table.add(
+                    map,
+                    vec![Value::IndexRange(lo, hi)],
+                    Element::values(vec![Value::Addr(ep.ip), Value::Port(ep.port)], owner.clone())
+                        .with_comment(comment),
+                );
+            }
+            let map = map.name().into_owned();
+            chain.push(
+                Rule::new(vec![
+                    Stmt::Cmp { sel: Selector::L4Proto, op: CmpOp::Eq, value: Value::Proto(self.sp.name.protocol) },
+                    Stmt::DnatNumgenMap { family, modulus: placement::WINDOW, offset: slot.offset, map },
+                ])
+                .with_comment(comment),
+            );
+        } else if let Some(ep) = endpoints.first() {
+            chain.push(Rule::new(self.dnat_to(ep)).with_comment(comment));
+        }
+        table.own.add_chain(chain);
+    }
+}

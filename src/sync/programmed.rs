@@ -1,0 +1,363 @@
+//! What nftproxy has programmed: each family's infrastructure, and for every service the part
+//! of the cluster state it was planned from (sharing the objects of the live state) and where
+//! its endpoint windows are, with the claimants of every shared key.
+//!
+//! A service's kernel objects are not stored: planning is deterministic, so they are planned
+//! again from the record when needed. A partial sync plans the old and the new version of each
+//! changed service and hands the [`delta`](super::delta) builder only their objects and the
+//! shared keys they touch ([`Programmed::scope`]), so its cost follows the size of the change
+//! rather than the size of the cluster, and memory holds no second copy of the ruleset. Both
+//! sync kinds give a contested shared key to its first claimant in service-name order, exactly
+//! as [`crate::plan::plan`] merges, so both program the same ruleset.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+
+use smallvec::SmallVec;
+
+use super::delta::{View, ViewTable};
+use crate::model::{NamespacedName, ServiceSnapshot};
+use crate::net::{FamilyMap, IpFamily};
+use crate::nft::ast::Owner;
+use crate::nft::wire::{WireData, WireElement, WireKey, WireSet, WireTable};
+use crate::plan::placement::{Slot, WindowId};
+use crate::plan::{ConntrackTarget, HealthCheck, PlanStats, SharedSet, WireFragment};
+
+/// One service as programmed.
+#[derive(Debug, Clone)]
+pub(super) struct ProgrammedService {
+    /// The service, its slices and the node, as they were planned.
+    pub state: ServiceSnapshot,
+    /// Where its endpoint windows were.
+    pub slots: Vec<(WindowId, Slot)>,
+    pub health_check: Option<HealthCheck>,
+    pub conntrack: Vec<ConntrackTarget>,
+    pub stats: PlanStats,
+}
+
+/// A service's kernel objects, per family.
+pub(super) type Fragments = FamilyMap<WireFragment>;
+
+/// A key of a shared set other than an endpoint map and `hairpin-endpoints`.
+type SharedKey = (IpFamily, SharedSet, WireKey);
+
+/// Who claims a shared key, in name order: almost always one service (a key claimed twice is
+/// conflicting input, and the first claimant wins).
+type Claim = SmallVec<[NamespacedName; 1]>;
+
+/// A changed service: its name, what it programmed (planned again; `None` if it had nothing),
+/// and its new version with its objects (`None`: the service is gone or left out).
+pub(super) type Change = (NamespacedName, Option<Fragments>, Option<(ProgrammedService, Fragments)>);
+
+/// Plans a programmed service again, from its record.
+pub(super) type Replan<'a> = dyn FnMut(&NamespacedName, &ProgrammedService) -> Fragments + 'a;
+
+/// What a partial sync diffs: the changed services' part of the kernel, and what replaces it.
+pub(super) struct Scope {
+    /// The changed services' old own objects, and the shared sets they touch holding the
+    /// elements the kernel has for the touched keys.
+    pub view: View,
+    /// The new versions' objects (own objects only), then one fragment per family with the
+    /// elements the touched shared keys have afterwards, whoever claims them.
+    pub wants: Vec<Fragments>,
+    /// Shared sets that exist afterwards, per family.
+    pub kept: FamilyMap<BTreeSet<SharedSet>>,
+}
+
+/// The programmed ruleset.
+#[derive(Debug, Clone)]
+pub(super) struct Programmed {
+    infrastructure: FamilyMap<WireTable>,
+    services: BTreeMap<NamespacedName, ProgrammedService>,
+    claims: HashMap<SharedKey, Claim>,
+    /// How many services claim each `hairpin-endpoints` key: a pod behind two services is
+    /// legitimate, and the element is the same whoever claims it.
+    hairpins: HashMap<(IpFamily, WireKey), u32>,
+    /// Claimed elements per set created on demand (endpoint and balancing maps): a map exists
+    /// while it holds any.
+    maps: HashMap<(IpFamily, SharedSet), usize>,
+}
+
+impl Programmed {
+    /// The programmed state of the infrastructure tables (one per family), no services yet.
+    pub(super) fn new(infrastructure: FamilyMap<WireTable>) -> Programmed {
+        Programmed {
+            infrastructure,
+            services: BTreeMap::new(),
+            claims: HashMap::new(),
+            hairpins: HashMap::new(),
+            maps: HashMap::new(),
+        }
+    }
+
+    /// The families the tables are for.
+    pub(super) fn families(&self) -> Vec<IpFamily> {
+        self.infrastructure.families().collect()
+    }
+
+    /// Records a service of a full sync, where services arrive in name order, and removes from
+    /// its fragments the shared keys an earlier claimant holds (the infrastructure, or a
+    /// service before it): what is left is what this service writes into the shared sets, as
+    /// [`crate::plan::plan`] merges them.
+    pub(super) fn insert_first_claims(
+        &mut self,
+        name: NamespacedName,
+        service: ProgrammedService,
+        fragments: &mut Fragments,
+    ) {
+        self.count_claims(&name, fragments, 1);
+        for (family, fragment) in fragments.iter_mut() {
+            let infrastructure = self.infrastructure.get(family);
+            for (set, elements) in fragment.shared.iter_mut() {
+                if set.is_endpoint_map() {
+                    continue;
+                }
+                let held_by_infrastructure = |key: &WireKey| {
+                    infrastructure
+                        .and_then(|t| t.sets.get(set.name().as_ref()))
+                        .is_some_and(|s| s.elements.contains_key(key))
+                };
+                if *set == SharedSet::Hairpin {
+                    let hairpins = &self.hairpins;
+                    elements.retain(|key, _| {
+                        !held_by_infrastructure(key) && hairpins.get(&(family, key.clone())) == Some(&1)
+                    });
+                    continue;
+                }
+                let claims = &self.claims;
+                elements.retain(|key, _| {
+                    !held_by_infrastructure(key)
+                        && claims.get(&(family, *set, key.clone())).and_then(|c| c.first()) == Some(&name)
+                });
+            }
+        }
+        self.services.insert(name, service);
+    }
+
+    /// A programmed service.
+    pub(super) fn service(&self, name: &NamespacedName) -> Option<&ProgrammedService> {
+        self.services.get(name)
+    }
+
+    /// Counts describing the whole ruleset.
+    pub(super) fn stats(&self) -> PlanStats {
+        let mut stats = PlanStats::default();
+        for s in self.services.values() {
+            stats.add(&s.stats);
+        }
+        stats
+    }
+
+    /// Health checks of every service that has one.
+    pub(super) fn health_checks(&self) -> Vec<HealthCheck> {
+        self.services.values().filter_map(|s| s.health_check.clone()).collect()
+    }
+
+    /// Conntrack targets of every UDP and SCTP service port.
+    pub(super) fn conntrack(&self) -> Vec<ConntrackTarget> {
+        self.services.values().flat_map(|s| s.conntrack.iter().cloned()).collect()
+    }
+
+    /// The shared sets that exist now in a family: the infrastructure's and the maps created on
+    /// demand that hold elements.
+    fn shared_sets(&self, family: IpFamily) -> BTreeSet<SharedSet> {
+        let infrastructure = self.infrastructure.get(family).into_iter().flat_map(|t| t.sets.keys());
+        infrastructure
+            .filter_map(|name| SharedSet::from_name(name))
+            .chain(self.maps.keys().filter(|(f, _)| *f == family).map(|(_, set)| *set))
+            .collect()
+    }
+
+    fn count_claims(&mut self, name: &NamespacedName, fragments: &Fragments, delta: i64) {
+        for (family, fragment) in fragments.iter() {
+            for (set, elements) in &fragment.shared {
+                if set.on_demand() {
+                    // Claims, not kernel elements: a contested key counts once per claimant,
+                    // and the map exists while anyone claims anything in it.
+                    let entry = self.maps.entry((family, *set)).or_insert(0);
+                    let n = i64::try_from(*entry).unwrap_or(i64::MAX) + delta * elements.len() as i64;
+                    *entry = usize::try_from(n.max(0)).unwrap_or(0);
+                    if *entry == 0 {
+                        self.maps.remove(&(family, *set));
+                    }
+                }
+                if set.is_endpoint_map() {
+                    continue;
+                }
+                if *set == SharedSet::Hairpin {
+                    for key in elements.keys() {
+                        let k = (family, key.clone());
+                        let count = self.hairpins.entry(k.clone()).or_default();
+                        *count = u32::try_from((i64::from(*count) + delta).max(0)).unwrap_or(0);
+                        if *count == 0 {
+                            self.hairpins.remove(&k);
+                        }
+                    }
+                    continue;
+                }
+                for key in elements.keys() {
+                    let k = (family, *set, key.clone());
+                    let claim = self.claims.entry(k.clone()).or_default();
+                    match (claim.binary_search(name), delta > 0) {
+                        (Err(at), true) => claim.insert(at, name.clone()),
+                        (Ok(at), false) => {
+                            claim.remove(at);
+                        }
+                        _ => {}
+                    }
+                    if claim.is_empty() {
+                        self.claims.remove(&k);
+                    }
+                }
+            }
+        }
+    }
+
+    /// The element the kernel holds (or should hold) for a shared key, given the services
+    /// recorded now. `hint` is a service known to claim the key, with its fragments.
+    fn effective(
+        &self,
+        family: IpFamily,
+        set: SharedSet,
+        key: &WireKey,
+        hint: Option<(&NamespacedName, &Fragments)>,
+        replan: &mut Replan<'_>,
+    ) -> Option<WireElement> {
+        let infrastructure = self.infrastructure.get(family).and_then(|t| t.sets.get(set.name().as_ref()));
+        if let Some(e) = infrastructure.and_then(|s| s.elements.get(key)) {
+            return Some(e.clone());
+        }
+        let element_of = |fragments: &Fragments| {
+            fragments.get(family).and_then(|f| f.shared.get(&set)).and_then(|s| s.get(key)).cloned()
+        };
+        if set.is_endpoint_map() {
+            // A key belongs to one window, hence one service port, and windows move only
+            // between changed services.
+            return hint.and_then(|(_, f)| element_of(f));
+        }
+        if set == SharedSet::Hairpin {
+            // The same element whoever claims it (only the owner differs, and only content is
+            // compared).
+            return self.hairpins.get(&(family, key.clone())).filter(|n| **n > 0).map(|_| WireElement {
+                data: WireData::None,
+                userdata: None,
+                owner: Owner::infrastructure(),
+            });
+        }
+        let claim = self.claims.get(&(family, set, key.clone()))?;
+        // The first claimant in name order wins, as when the whole ruleset is planned.
+        let first = claim.first()?;
+        match hint {
+            Some((name, fragments)) if name == first => element_of(fragments),
+            _ => {
+                let service = self.services.get(first)?;
+                element_of(&replan(first, service))
+            }
+        }
+    }
+
+    /// Replaces some services with their new versions and returns what the partial sync diffs:
+    /// the part of the kernel they touch, and what it becomes. `replan` plans other services
+    /// again when a contested shared key needs their element.
+    pub(super) fn scope(&mut self, changes: Vec<Change>, replan: &mut Replan<'_>) -> Scope {
+        // Every shared key the changed services claim, before or after, with the claimant (an
+        // index into `changes`) on each side.
+        type Claimants = (Option<usize>, Option<usize>);
+        let mut touched: BTreeMap<SharedKey, Claimants> = BTreeMap::new();
+        for (i, (_, old, new)) in changes.iter().enumerate() {
+            for (fragments, before) in [(old.as_ref(), true), (new.as_ref().map(|(_, f)| f), false)] {
+                let Some(fragments) = fragments else { continue };
+                for (family, fragment) in fragments.iter() {
+                    for (set, elements) in &fragment.shared {
+                        for key in elements.keys() {
+                            let entry = touched.entry((family, *set, key.clone())).or_default();
+                            let side = if before { &mut entry.0 } else { &mut entry.1 };
+                            side.get_or_insert(i);
+                        }
+                    }
+                }
+            }
+        }
+        let before: Vec<Option<WireElement>> = touched
+            .iter()
+            .map(|((family, set, key), (b, _))| {
+                let hint = b.and_then(|i| changes[i].1.as_ref().map(|f| (&changes[i].0, f)));
+                self.effective(*family, *set, key, hint, replan)
+            })
+            .collect();
+        let sets_before: FamilyMap<BTreeSet<SharedSet>> = self.infrastructure.map(|f, _| self.shared_sets(f));
+
+        let mut view = View::default();
+        for (family, table) in self.infrastructure.iter() {
+            view.tables.insert(family, ViewTable::empty_like(table));
+        }
+        // Per change, the index of its fragment in `wants` (for its share of the shared keys).
+        let mut want_of: Vec<Option<usize>> = vec![None; changes.len()];
+        let mut wants: Vec<Fragments> = Vec::with_capacity(changes.len() + 1);
+        for (i, (name, old, new)) in changes.iter().enumerate() {
+            if self.services.remove(name).is_some()
+                && let Some(old) = old
+            {
+                self.count_claims(name, old, -1);
+                for (family, fragment) in old.iter() {
+                    if let Some(t) = view.tables.get_mut(family) {
+                        t.add_own(&fragment.own);
+                    }
+                }
+            }
+            if let Some((service, fragments)) = new {
+                self.count_claims(name, fragments, 1);
+                self.services.insert(name.clone(), service.clone());
+                want_of[i] = Some(wants.len());
+                wants.push(fragments.map(|_, f| WireFragment { own: f.own.clone(), shared: BTreeMap::new() }));
+            }
+        }
+
+        let after: Vec<Option<WireElement>> = touched
+            .iter()
+            .map(|((family, set, key), (_, a))| {
+                let hint = a.and_then(|i| changes[i].2.as_ref().map(|(_, f)| (&changes[i].0, f)));
+                self.effective(*family, *set, key, hint, replan)
+            })
+            .collect();
+        let kept: FamilyMap<BTreeSet<SharedSet>> = self.infrastructure.map(|f, _| self.shared_sets(f));
+
+        // Keys nobody changed claims afterwards (their element is an unchanged service's, or
+        // gone) go in a fragment of their own, after the services'.
+        let rest = wants.len();
+        wants.push(self.infrastructure.map(|_, t| WireFragment { own: t.empty_like(), shared: BTreeMap::new() }));
+        for (((family, set, key), (_, a)), (old, new)) in touched.into_iter().zip(before.into_iter().zip(after)) {
+            // A set that does not exist before has no elements to lose; one created now gets
+            // its elements with its creation.
+            if let Some(e) = old
+                && sets_before.get(family).is_some_and(|s| s.contains(&set))
+                && let Some(t) = view.tables.get_mut(family)
+            {
+                t.shared_elements(set, family).elements.insert(key.clone(), e);
+            }
+            // A key a changed service claims goes with that service's objects, so an endpoint
+            // map is created in the same diff as the rule that names it.
+            let at = a.and_then(|i| want_of[i]).unwrap_or(rest);
+            if let Some(e) = new
+                && let Some(f) = wants.get_mut(at).and_then(|w| w.get_mut(family))
+            {
+                f.shared.entry(set).or_default().insert(key, e);
+            }
+        }
+        // Every set that existed before is in the view, so one that goes away is deleted.
+        for (family, sets) in sets_before.iter() {
+            if let Some(t) = view.tables.get_mut(family) {
+                for set in sets {
+                    t.shared_elements(*set, family);
+                }
+            }
+        }
+        Scope { view, wants, kept }
+    }
+}
+
+impl ViewTable {
+    /// The shared set `set` of this view, created empty (with its spec) on first use.
+    fn shared_elements(&mut self, set: SharedSet, family: IpFamily) -> &mut WireSet {
+        self.shared.entry(set).or_insert_with(|| super::delta::empty_shared_set(set, family))
+    }
+}

@@ -1,0 +1,180 @@
+//! The syncer's own pieces against the fake kernel; the differential oracle over synthetic
+//! clusters is `integration/sync.rs`.
+
+use super::*;
+use crate::index::{Change, ClusterIndex, Update};
+use crate::netlink::{FakeNetfilter, Netfilter, NetlinkError};
+use crate::nft::ast::{Chain, Owner, Rule, Ruleset, Stmt, Table};
+use crate::nft::wire::WireRuleset;
+use crate::plan::NodePorts;
+use crate::plan::objects::{BalanceMap, MapKind};
+use crate::plan::tests::{config, state};
+
+fn fixed_nodeports() -> NodePortResolver {
+    Box::new(|_: &ProxyConfig, _: Option<&NodeInfo>| NodePortTargets {
+        v4: NodePorts::Addresses(vec!["192.168.0.2".parse().unwrap()]),
+        v6: NodePorts::Addresses(vec![]),
+    })
+}
+
+/// Service `ns/web` with these endpoints on node1; `extra` goes into its spec.
+fn web_with(endpoints: &[&str], extra: &str) -> String {
+    let eps: String = endpoints.iter().map(|ip| format!("- {{addresses: [\"{ip}\"], nodeName: node1}}\n")).collect();
+    format!(
+        r#"
+apiVersion: v1
+kind: Service
+metadata: {{name: web, namespace: ns}}
+spec: {{clusterIP: 10.96.0.10, ports: [{{name: http, port: 80}}]{extra}}}
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {{name: web-1, namespace: ns, labels: {{kubernetes.io/service-name: web}}}}
+addressType: IPv4
+ports: [{{name: http, port: 8080}}]
+endpoints:
+{eps}"#
+    )
+}
+
+fn sync(syncer: &mut Syncer, index: &mut ClusterIndex, reason: SyncReason, full: bool) -> Synced {
+    let pending = index.take_pending();
+    syncer.sync(index.state(), &pending, reason, full).unwrap()
+}
+
+fn reset(index: &mut ClusterIndex, yaml: &str) {
+    let s = state(yaml);
+    let slices = s.services().flat_map(|svc| s.slices_of(&svc.name).cloned().collect::<Vec<_>>()).collect();
+    index.apply(Update::Service(Change::Reset(s.services().cloned().collect())));
+    index.apply(Update::EndpointSlice(Change::Reset(slices)));
+}
+
+#[test]
+fn a_partial_sync_creates_an_endpoint_map_before_the_rule_that_names_it() {
+    let ips: Vec<String> = (1..=BalanceMap::PRESET + 1).map(|i| format!("10.0.1.{i}")).collect();
+    let ips: Vec<&str> = ips.iter().map(String::as_str).collect();
+    let (preset, beyond) = (&ips[..ips.len() - 1], &ips[..]);
+    let first_beyond = format!("service-endpoints-{}", BalanceMap::PRESET + 1);
+    // A balanced port past the preset counts, then one with session affinity (which balances
+    // over a window of a shared map of endpoint chains).
+    for (extra, before, after, map) in [
+        ("", preset, beyond, first_beyond.as_str()),
+        (", sessionAffinity: ClientIP", &ips[..1], &ips[..2], "endpoint-chains-0"),
+    ] {
+        let mut index = ClusterIndex::new();
+        let mut syncer = Syncer::new(config(), Box::new(FakeNetfilter::new()), fixed_nodeports());
+        reset(&mut index, &web_with(before, extra));
+        let first = sync(&mut syncer, &mut index, SyncReason::Startup, true);
+        assert!(first.report.full);
+        // A rule now names a map that does not exist yet; the fake kernel refuses a rule naming
+        // a missing set, as the kernel does.
+        reset(&mut index, &web_with(after, extra));
+        let second = sync(&mut syncer, &mut index, SyncReason::Changes, false);
+        assert!(!second.report.full);
+        assert!(syncer.render(index.state()).contains(&format!("map @{map}")), "{extra}");
+        // And back: the map goes with its last element, after the rule naming it.
+        reset(&mut index, &web_with(before, extra));
+        sync(&mut syncer, &mut index, SyncReason::Changes, false);
+        assert!(!syncer.render(index.state()).contains(map), "{extra}");
+    }
+}
+
+#[test]
+fn windows_found_in_the_kernel_are_read_from_its_balancing_rules() {
+    let mut table = Table::new(IpFamily::V4, "nftproxy", None);
+    let window = crate::plan::placement::WINDOW;
+    for (chain, map, offset, modulus) in [
+        ("a", "endpoints-0", 3 * window, window),
+        ("c", "endpoints-3", 0, window),
+        ("chains", "endpoint-chains-1", window, window),
+        ("old", "endpoints-0", 5 * window, 7),
+        ("foreign", "other-map", 0, window),
+    ] {
+        let mut c = Chain::regular(chain, Owner::infrastructure());
+        c.push(Rule::new(vec![Stmt::DnatNumgenMap { family: IpFamily::V4, modulus, offset, map: map.to_string() }]));
+        table.add_chain(c);
+    }
+    let kernel = lower_ruleset(&Ruleset { tables: vec![table] });
+    let found = found_windows(&kernel);
+    let id = |chain: &str, kind| WindowId { family: IpFamily::V4, kind, chain: chain.to_string() };
+    assert_eq!(
+        found,
+        vec![
+            (id("a", MapKind::Targets), Slot { shard: 0, offset: 3 * window }),
+            (id("c", MapKind::Targets), Slot { shard: 3, offset: 0 }),
+            (id("chains", MapKind::Chains), Slot { shard: 1, offset: window }),
+        ]
+    );
+}
+
+/// The fake kernel, shared with the test while the syncer holds it.
+#[derive(Clone, Default)]
+struct Shared(std::sync::Arc<std::sync::Mutex<FakeNetfilter>>);
+
+impl Netfilter for Shared {
+    fn apply(&mut self, tx: &crate::nft::diff::Transaction) -> Result<crate::netlink::ApplyStats, NetlinkError> {
+        self.0.lock().unwrap().apply(tx)
+    }
+    fn read(&mut self, tables: &[(IpFamily, &str)]) -> Result<WireRuleset, NetlinkError> {
+        self.0.lock().unwrap().read(tables)
+    }
+    fn generation(&mut self) -> Result<Option<u32>, NetlinkError> {
+        self.0.lock().unwrap().generation()
+    }
+    fn expect_generation(&mut self, genid: Option<u32>) {
+        self.0.lock().unwrap().expect_generation(genid);
+    }
+}
+
+fn shared_syncer(owned: bool) -> (Shared, Syncer) {
+    let kernel = Shared(std::sync::Arc::new(std::sync::Mutex::new(FakeNetfilter::new())));
+    let mut c = config();
+    c.table_ownership = owned;
+    (kernel.clone(), Syncer::new(c, Box::new(kernel), fixed_nodeports()))
+}
+
+#[test]
+fn a_periodic_sync_reads_back_only_when_the_tables_may_have_changed() {
+    for owned in [true, false] {
+        let (kernel, mut syncer) = shared_syncer(owned);
+        let mut index = ClusterIndex::new();
+        reset(&mut index, &web_with(&["10.0.1.1", "10.0.1.2"], ""));
+        assert!(sync(&mut syncer, &mut index, SyncReason::Startup, true).report.full);
+        let transactions = kernel.0.lock().unwrap().applied.len();
+        // Nothing changed anywhere: no read-back, nothing sent.
+        let quiet = sync(&mut syncer, &mut index, SyncReason::Periodic, true);
+        assert!(!quiet.report.full, "owned {owned}");
+        assert_eq!(kernel.0.lock().unwrap().applied.len(), transactions);
+        // A change of this process's own keeps the proof.
+        reset(&mut index, &web_with(&["10.0.1.1"], ""));
+        assert!(!sync(&mut syncer, &mut index, SyncReason::Changes, false).report.full);
+        assert!(!sync(&mut syncer, &mut index, SyncReason::Periodic, true).report.full, "owned {owned}");
+        // Another process commits: owned tables cannot have changed; unowned ones are read back.
+        kernel.0.lock().unwrap().foreign_commit();
+        let after_foreign = sync(&mut syncer, &mut index, SyncReason::Periodic, true);
+        assert_eq!(after_foreign.report.full, !owned, "owned {owned}");
+        // Whatever the proof, the tables are read back at least hourly.
+        syncer.age_read_back(READ_BACK_PERIOD);
+        assert!(sync(&mut syncer, &mut index, SyncReason::Periodic, true).report.full, "owned {owned}");
+    }
+}
+
+#[test]
+fn a_partial_sync_over_a_foreign_commit_becomes_a_full_one() {
+    let (kernel, mut syncer) = shared_syncer(false);
+    let mut index = ClusterIndex::new();
+    reset(&mut index, &web_with(&["10.0.1.1"], ""));
+    sync(&mut syncer, &mut index, SyncReason::Startup, true);
+    kernel.0.lock().unwrap().foreign_commit();
+    reset(&mut index, &web_with(&["10.0.1.1", "10.0.1.2"], ""));
+    let next = sync(&mut syncer, &mut index, SyncReason::Changes, false);
+    assert!(next.report.full, "the guarded partial transaction was refused, a full sync followed");
+    assert_eq!(syncer.desired(index.state()).tables.len(), kernel.0.lock().unwrap().state.tables.len());
+    // Owned tables need no guard: another process's commit changes nothing for them.
+    let (kernel, mut syncer) = shared_syncer(true);
+    reset(&mut index, &web_with(&["10.0.1.1"], ""));
+    sync(&mut syncer, &mut index, SyncReason::Startup, true);
+    kernel.0.lock().unwrap().foreign_commit();
+    reset(&mut index, &web_with(&["10.0.1.1", "10.0.1.2"], ""));
+    assert!(!sync(&mut syncer, &mut index, SyncReason::Changes, false).report.full);
+}

@@ -1,0 +1,677 @@
+//! `nftproxy bench`: the scale benchmark (see the README's Performance section).
+//!
+//! For each cluster size it creates fresh network namespaces and runs worker processes
+//! ([`worker`]) inside them: a cold sync, then a restart (a new process meeting the ruleset
+//! already in the kernel) followed by one-change and burst syncs. Beside them, in the same run,
+//! the anchors: nftproxy's own `render` output and the upstream-shaped ruleset ([`upstream`]),
+//! each applied with `nft -f`, and the upstream ruleset's incremental updates. Last, the data
+//! plane ([`dataplane`]). It prints Markdown tables with the machine described.
+
+pub mod agent;
+pub mod churn;
+pub mod dataplane;
+pub mod e2e;
+mod plot;
+pub mod upstream;
+pub mod worker;
+
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use clap::Args;
+use thiserror::Error;
+
+use crate::cluster::{self, Size};
+use crate::lab::{LabError, Netns};
+use nftproxy::model::ClusterState;
+use worker::{ChangeKind, Phase, SyncFigures, WorkerReport};
+
+/// The cluster CIDR the synthetic pods live in (see [`cluster`]).
+pub const CLUSTER_CIDR: &str = "10.128.0.0/9";
+/// The node the proxy runs as.
+pub const NODE: &str = "node1";
+
+/// Errors of the benchmark.
+#[derive(Debug, Error)]
+pub enum BenchError {
+    #[error(transparent)]
+    Lab(#[from] LabError),
+    #[error(transparent)]
+    Sync(#[from] nftproxy::sync::SyncError),
+    #[error(transparent)]
+    Netlink(#[from] nftproxy::netlink::NetlinkError),
+    #[error(transparent)]
+    DataPlane(#[from] dataplane::DataPlaneError),
+    #[error("{0} failed: {1}")]
+    Tool(String, String),
+    #[error("benchmark worker: {0}")]
+    Worker(String),
+    #[error("invalid size {0:?}: expected SERVICESxENDPOINTS, e.g. 10000x10")]
+    Size(String),
+    #[error("{0}")]
+    Io(#[from] std::io::Error),
+}
+
+/// `nftproxy bench` options.
+#[derive(Debug, Clone, Args)]
+pub struct BenchArgs {
+    /// CI mode: the smallest size, few changes, short data-plane trials; checks that everything
+    /// completes.
+    #[arg(long)]
+    pub quick: bool,
+    /// Cluster sizes, SERVICESxENDPOINTS, comma-separated; empty (`--sizes ''`) for none.
+    #[arg(long, value_delimiter = ',', default_value = "1000x10,10000x10,5000x50,44000x1")]
+    pub sizes: Vec<String>,
+    /// One-change syncs measured per size (a quarter each: endpoint added, endpoint removed,
+    /// service added, service removed).
+    #[arg(long, default_value_t = 60)]
+    pub changes: usize,
+    /// Endpoint changes coalesced into the burst sync.
+    #[arg(long, default_value_t = 1000)]
+    pub burst: usize,
+    /// Incremental `nft -f` updates measured on the upstream-shaped ruleset.
+    #[arg(long, default_value_t = 8)]
+    pub upstream_changes: usize,
+    /// Stop waiting for an anchor's `nft -f` after this long (the table says so).
+    #[arg(long, default_value = "150s", value_parser = humantime::parse_duration)]
+    pub anchor_cap: Duration,
+    /// Skip the `nft -f` anchors.
+    #[arg(long)]
+    pub no_anchors: bool,
+    /// Data plane: numbers of other services, comma-separated.
+    #[arg(long, value_delimiter = ',', default_value = "10,1000,10000")]
+    pub dataplane: Vec<usize>,
+    /// Skip the data-plane measurement.
+    #[arg(long)]
+    pub no_dataplane: bool,
+    /// Data plane: interleaved rounds per ruleset.
+    #[arg(long, default_value_t = 4)]
+    pub rounds: usize,
+    /// Data plane: length of one trial.
+    #[arg(long, default_value = "1500ms", value_parser = humantime::parse_duration)]
+    pub trial: Duration,
+    /// Data plane: the rulesets compared, comma-separated (each round interleaves them).
+    #[arg(long, value_delimiter = ',', default_value = "none,single-dnat,iptables,nftproxy")]
+    pub rulesets: Vec<dataplane::Ruleset>,
+    /// Data plane: pause between loading a ruleset and its trial.
+    #[arg(long, default_value = "0s", value_parser = humantime::parse_duration)]
+    pub settle: Duration,
+    /// Skip the end-to-end measurements of the `nftproxy` binary.
+    #[arg(long)]
+    pub no_e2e: bool,
+    /// End to end: the size `run` starts at (API and manifests) and `render` reads.
+    #[arg(long, default_value = "10000x10")]
+    pub e2e_size: String,
+    /// End to end: sizes of the single changes through the API watch, comma-separated.
+    #[arg(long, value_delimiter = ',', default_value = "10000x10,44000x1")]
+    pub change_sizes: Vec<String>,
+    /// End to end: single changes per size (spread over six kinds).
+    #[arg(long, default_value_t = 48)]
+    pub e2e_changes: usize,
+    /// End to end: the idle measurement's size and window.
+    #[arg(long, default_value = "44000x1")]
+    pub idle_size: String,
+    #[arg(long, default_value = "90s", value_parser = humantime::parse_duration)]
+    pub idle_window: Duration,
+    /// End to end: the size rendered from one `kind: List` (and from documents).
+    #[arg(long, default_value = "20000x10")]
+    pub list_size: String,
+    /// End to end: the size of the cold `sync` and the restart after it.
+    #[arg(long, default_value = "5000x50")]
+    pub restart_size: String,
+    /// End to end: the largest cold `sync` tried (empty for none).
+    #[arg(long, default_value = "100000x10")]
+    pub moonshot: String,
+    /// Skip the churn benchmark.
+    #[arg(long)]
+    pub no_churn: bool,
+    /// Churn: the cluster, the endpoint updates per second and how long.
+    #[arg(long, default_value = "10000x10")]
+    pub churn_size: String,
+    #[arg(long, default_value_t = 100)]
+    pub churn_rate: u32,
+    #[arg(long, default_value = "10m", value_parser = humantime::parse_duration)]
+    pub churn_duration: Duration,
+    /// Churn: where its plot (SVG) goes.
+    #[arg(long)]
+    pub churn_plot: Option<PathBuf>,
+}
+
+impl BenchArgs {
+    /// `--quick` overrides: what CI can afford in well under a minute.
+    fn effective(&self) -> BenchArgs {
+        if !self.quick {
+            return self.clone();
+        }
+        BenchArgs {
+            quick: true,
+            sizes: vec!["1000x10".into()],
+            changes: 12,
+            burst: 100,
+            upstream_changes: 2,
+            anchor_cap: Duration::from_secs(60),
+            no_anchors: self.no_anchors,
+            dataplane: vec![10],
+            no_dataplane: self.no_dataplane,
+            rounds: 1,
+            trial: Duration::from_millis(300),
+            rulesets: self.rulesets.clone(),
+            settle: Duration::ZERO,
+            no_e2e: self.no_e2e,
+            e2e_size: "1000x10".into(),
+            change_sizes: vec!["1000x10".into()],
+            e2e_changes: 6,
+            idle_size: "1000x10".into(),
+            idle_window: Duration::from_secs(5),
+            list_size: "2000x10".into(),
+            restart_size: "500x10".into(),
+            moonshot: String::new(),
+            no_churn: self.no_churn,
+            churn_size: "1000x10".into(),
+            churn_rate: 20,
+            churn_duration: Duration::from_secs(30),
+            churn_plot: self.churn_plot.clone(),
+        }
+    }
+
+    fn e2e_plan(&self) -> Result<e2e::Plan, BenchError> {
+        Ok(e2e::Plan {
+            start: parse_size(&self.e2e_size)?,
+            changes: self
+                .change_sizes
+                .iter()
+                .filter(|s| !s.trim().is_empty())
+                .map(|s| parse_size(s))
+                .collect::<Result<_, _>>()?,
+            change_count: self.e2e_changes,
+            idle: parse_size(&self.idle_size)?,
+            idle_window: self.idle_window,
+            list: parse_size(&self.list_size)?,
+            restart: parse_size(&self.restart_size)?,
+            moonshot: if self.moonshot.trim().is_empty() { None } else { Some(parse_size(&self.moonshot)?) },
+        })
+    }
+
+    fn churn_plan(&self) -> Result<churn::ChurnPlan, BenchError> {
+        Ok(churn::ChurnPlan {
+            size: parse_size(&self.churn_size)?,
+            rate: self.churn_rate,
+            duration: self.churn_duration,
+            plot: self.churn_plot.clone().unwrap_or_else(churn::default_plot),
+        })
+    }
+}
+
+/// Everything measured at one size.
+#[derive(Debug, Default)]
+struct SizeResult {
+    cold: WorkerReport,
+    restart: WorkerReport,
+    /// nftproxy's `render` output applied with `nft -f`.
+    own_nft: Option<WorkerReport>,
+    /// The upstream-shaped ruleset applied with `nft -f`.
+    upstream_nft: Option<WorkerReport>,
+    /// Incremental `nft -f` updates of the upstream-shaped ruleset.
+    upstream_changes: Vec<Duration>,
+}
+
+/// Runs the benchmark and prints its tables.
+pub fn run(args: &BenchArgs) -> Result<(), BenchError> {
+    crate::lab::require_privileges()?;
+    crate::lab::cleanup_stale();
+    let args = args.effective();
+    let sizes =
+        args.sizes.iter().filter(|s| !s.trim().is_empty()).map(|s| parse_size(s)).collect::<Result<Vec<_>, _>>()?;
+    let scratch = Scratch::new()?;
+    println!("{}", machine());
+    if !args.no_e2e {
+        let files = e2e::Files::new(&scratch.0.join("manifests"))?;
+        let e2e = e2e::run(&args.e2e_plan()?, &files)?;
+        print!("{}", e2e::tables(&e2e));
+    }
+    if !args.no_churn {
+        let plan = args.churn_plan()?;
+        eprintln!("bench: churn at {}, {} updates/s for {}", plan.size, plan.rate, humantime::format_duration(plan.duration));
+        let churn = churn::run(&plan)?;
+        print!("{}", churn::tables(&churn));
+        if args.quick && (churn.probe_failed > 0 || churn.unprogrammed > 0 || churn.probe_ok == 0) {
+            return Err(BenchError::Worker(format!(
+                "churn: {} probe failures, {} events not programmed, {} probe connections",
+                churn.probe_failed, churn.unprogrammed, churn.probe_ok
+            )));
+        }
+    }
+    let mut results = Vec::new();
+    for &size in &sizes {
+        eprintln!("bench: {size}");
+        let result = measure_size(&args, size, &scratch)?;
+        print!("{}", size_table(size, &result, &args));
+        results.push((size, result));
+    }
+    print!("{}", summary_table(&results, &args));
+    if !args.no_dataplane {
+        let mut rows = Vec::new();
+        for &services in &args.dataplane {
+            eprintln!("bench: data plane at {services} services");
+            // The data-plane lab's own node and cluster CIDR (its client counts as a pod on
+            // another node, so no ruleset masquerades).
+            let iptables = |state: &ClusterState, last: &nftproxy::model::NamespacedName| {
+                upstream::iptables_restore(state, dataplane::NODE, dataplane::CLUSTER_CIDR, last)
+            };
+            rows.extend(dataplane::compare(
+                services,
+                &iptables,
+                &dataplane::Trials {
+                    rulesets: &args.rulesets,
+                    rounds: args.rounds,
+                    trial: args.trial,
+                    settle: args.settle,
+                },
+            )?);
+        }
+        print!("{}", dataplane_table(&rows));
+        if args.quick {
+            for row in &rows {
+                if row.connections == 0 || row.failures > 0 {
+                    return Err(BenchError::Worker(format!(
+                        "data plane {:?} at {} services: {} connections, {} failures",
+                        row.ruleset, row.services, row.connections, row.failures
+                    )));
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Parses `SERVICESxENDPOINTS` (e.g. `10000x10`).
+pub fn parse_size(s: &str) -> Result<Size, BenchError> {
+    let (a, b) = s.split_once(['x', '×']).ok_or_else(|| BenchError::Size(s.into()))?;
+    let services = a.trim().parse().map_err(|_| BenchError::Size(s.into()))?;
+    let endpoints = b.trim().parse().map_err(|_| BenchError::Size(s.into()))?;
+    if services == 0 || endpoints == 0 || endpoints > 56 {
+        return Err(BenchError::Size(s.into()));
+    }
+    Ok(Size { services, endpoints })
+}
+
+fn measure_size(args: &BenchArgs, size: Size, scratch: &Scratch) -> Result<SizeResult, BenchError> {
+    let mut result = SizeResult::default();
+    {
+        let ns = Netns::create("bench")?;
+        result.cold = spawn_worker(&ns, Phase::Cold, size, args, None)?;
+        result.restart = spawn_worker(&ns, Phase::Restart, size, args, None)?;
+    }
+    if args.no_anchors {
+        return Ok(result);
+    }
+    let state = cluster::state(size);
+    let own = scratch.write("own.nft", &render_own(&state))?;
+    {
+        let ns = Netns::create("bench")?;
+        result.own_nft = Some(spawn_worker(&ns, Phase::NftFile, size, args, Some(&own))?);
+    }
+    let upstream_file = scratch.write("upstream.nft", &upstream::nft_ruleset(&state, NODE, CLUSTER_CIDR))?;
+    let ns = Netns::create("bench")?;
+    let report = spawn_worker(&ns, Phase::NftFile, size, args, Some(&upstream_file))?;
+    let loaded = report.nft_file.is_some();
+    result.upstream_nft = Some(report);
+    if loaded {
+        result.upstream_changes = upstream_changes(&ns, &state, size, args, scratch)?;
+    }
+    Ok(result)
+}
+
+/// The same one-endpoint changes the workers make, applied to the upstream-shaped ruleset as
+/// kube-proxy would send them, each with `nft -f`.
+fn upstream_changes(
+    ns: &Netns,
+    state: &ClusterState,
+    size: Size,
+    args: &BenchArgs,
+    scratch: &Scratch,
+) -> Result<Vec<Duration>, BenchError> {
+    let mut before = state.clone();
+    let mut times = Vec::new();
+    for n in 0..args.upstream_changes {
+        let i = (n / 2 * 7919 + 1) % size.services;
+        let endpoints = if n % 2 == 0 { size.endpoints + 1 } else { size.endpoints };
+        let mut after = before.clone();
+        let changed = cluster::service(i).name;
+        after.upsert_slice(cluster::slice(i, endpoints, 0));
+        let file = scratch
+            .write("update.nft", &upstream::nft_service_update(&before, &after, &changed, NODE, CLUSTER_CIDR))?;
+        let started = Instant::now();
+        let out = ns.command("nft").arg("-f").arg(&file).output()?;
+        if !out.status.success() {
+            return Err(BenchError::Tool(
+                "nft -f (upstream update)".into(),
+                String::from_utf8_lossy(&out.stderr).into(),
+            ));
+        }
+        times.push(started.elapsed());
+        before = after;
+    }
+    Ok(times)
+}
+
+fn render_own(state: &ClusterState) -> String {
+    let config = worker::config();
+    nftproxy::cli::render(&config, state)
+}
+
+fn spawn_worker(
+    ns: &Netns,
+    phase: Phase,
+    size: Size,
+    args: &BenchArgs,
+    file: Option<&Path>,
+) -> Result<WorkerReport, BenchError> {
+    let exe = std::env::current_exe()?;
+    let phase_name = match phase {
+        Phase::Cold => "cold",
+        Phase::Restart => "restart",
+        Phase::NftFile => "nft-file",
+        Phase::Measure => "measure",
+    };
+    let mut cmd = ns.command(&exe.to_string_lossy());
+    cmd.args(["bench-worker", "--phase", phase_name])
+        .args(["--services", &size.services.to_string(), "--endpoints", &size.endpoints.to_string()])
+        .args(["--changes", &args.changes.to_string(), "--burst", &args.burst.to_string()])
+        .args(["--cap", &humantime::format_duration(args.anchor_cap).to_string()])
+        .env("RUST_LOG", "warn");
+    if let Some(file) = file {
+        cmd.arg("--file").arg(file);
+    }
+    let out = cmd.output()?;
+    if !out.status.success() {
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        return Err(BenchError::Worker(format!("{phase_name} at {size}: {}", stderr.trim())));
+    }
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let line = stdout.lines().last().unwrap_or_default();
+    serde_json::from_str(line)
+        .map_err(|e| BenchError::Worker(format!("{phase_name} at {size}: unreadable report: {e}")))
+}
+
+/// A directory for the generated nft files, removed on drop.
+struct Scratch(PathBuf);
+
+impl Scratch {
+    fn new() -> Result<Scratch, BenchError> {
+        let dir = std::env::temp_dir().join(format!("nftproxy-bench-{}", std::process::id()));
+        std::fs::create_dir_all(&dir)?;
+        Ok(Scratch(dir))
+    }
+
+    fn write(&self, name: &str, text: &str) -> Result<PathBuf, BenchError> {
+        let path = self.0.join(name);
+        std::fs::write(&path, text)?;
+        Ok(path)
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// One line describing the machine: CPU, cores, kernel, nft.
+fn machine() -> String {
+    let cpu = std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|c| {
+            c.lines()
+                .find_map(|l| l.strip_prefix("model name"))
+                .map(|v| v.trim_start_matches([' ', '\t', ':']).to_string())
+        })
+        .unwrap_or_else(|| "unknown CPU".into());
+    let cores = std::thread::available_parallelism().map_or(0, |n| n.get());
+    let kernel = tool_output("uname", &["-r"]);
+    let nft = tool_output("nft", &["--version"]);
+    let mem = std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|m| m.lines().next().map(|l| l.split_whitespace().nth(1).unwrap_or("0").parse::<u64>().unwrap_or(0)))
+        .unwrap_or(0);
+    format!("Machine: {cpu}, {cores} cores, {} GiB RAM, Linux {kernel}, {nft}\n", mem / 1024 / 1024)
+}
+
+fn tool_output(program: &str, args: &[&str]) -> String {
+    Command::new(program)
+        .args(args)
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+        .unwrap_or_else(|_| format!("no {program}"))
+}
+
+fn ms(d: Duration) -> String {
+    let ms = d.as_secs_f64() * 1000.0;
+    if ms >= 10_000.0 {
+        format!("{:.1} s", ms / 1000.0)
+    } else if ms >= 100.0 {
+        format!("{ms:.0} ms")
+    } else {
+        format!("{ms:.1} ms")
+    }
+}
+
+fn mib(bytes: u64) -> String {
+    format!("{:.0} MiB", bytes as f64 / (1024.0 * 1024.0))
+}
+
+/// The `q`-quantile (nearest rank) of `values`.
+fn quantile(values: &[Duration], q: f64) -> Duration {
+    if values.is_empty() {
+        return Duration::ZERO;
+    }
+    let mut v = values.to_vec();
+    v.sort();
+    let rank = ((q * v.len() as f64).ceil() as usize).clamp(1, v.len());
+    v[rank - 1]
+}
+
+fn anchor(report: &Option<WorkerReport>, cap: Duration) -> String {
+    match report {
+        None => "skipped".into(),
+        Some(WorkerReport { nft_file: Some(t), .. }) => ms(*t),
+        Some(_) => format!("> {} (stopped)", ms(cap)),
+    }
+}
+
+/// The detailed table of one size.
+fn size_table(size: Size, r: &SizeResult, args: &BenchArgs) -> String {
+    let mut out = String::new();
+    let cold = r.cold.sync.unwrap_or_default();
+    let restart = r.restart.sync.unwrap_or_default();
+    let _ = writeln!(out, "\n### {size} ({} endpoints)\n", size.services * size.endpoints);
+    let _ = writeln!(out, "| measurement | wall | ours (plan+diff+encode) | kernel | messages |");
+    let _ = writeln!(out, "|---|---:|---:|---:|---:|");
+    let own_part = |f: &SyncFigures| ms(f.total.saturating_sub(f.kernel));
+    let _ = writeln!(
+        out,
+        "| cold full sync | {} | {} | {} | {} |",
+        ms(cold.total),
+        own_part(&cold),
+        ms(cold.kernel),
+        cold.messages
+    );
+    let _ = writeln!(
+        out,
+        "| restart sync (read back {}) | {} | {} | {} | {} |",
+        ms(restart.read),
+        ms(restart.total),
+        own_part(&restart),
+        ms(restart.kernel),
+        restart.messages
+    );
+    for (label, kinds) in [
+        (
+            "one change, all kinds",
+            &[
+                ChangeKind::EndpointAdded,
+                ChangeKind::EndpointRemoved,
+                ChangeKind::ServiceAdded,
+                ChangeKind::ServiceRemoved,
+            ][..],
+        ),
+        ("one endpoint added/removed", &[ChangeKind::EndpointAdded, ChangeKind::EndpointRemoved][..]),
+        ("one service added/removed", &[ChangeKind::ServiceAdded, ChangeKind::ServiceRemoved][..]),
+    ] {
+        let picked: Vec<&SyncFigures> =
+            r.restart.changes.iter().filter(|(k, _)| kinds.contains(k)).map(|(_, f)| f).collect();
+        if picked.is_empty() {
+            continue;
+        }
+        let totals: Vec<Duration> = picked.iter().map(|f| f.total).collect();
+        let kernels: Vec<Duration> = picked.iter().map(|f| f.kernel).collect();
+        let msgs: Vec<usize> = picked.iter().map(|f| f.messages).collect();
+        let _ = writeln!(
+            out,
+            "| {label} ×{}: median / p99 | {} / {} | | {} / {} | {}–{} |",
+            picked.len(),
+            ms(quantile(&totals, 0.5)),
+            ms(quantile(&totals, 0.99)),
+            ms(quantile(&kernels, 0.5)),
+            ms(quantile(&kernels, 0.99)),
+            msgs.iter().min().unwrap_or(&0),
+            msgs.iter().max().unwrap_or(&0)
+        );
+    }
+    if let Some((n, b)) = &r.restart.burst {
+        let _ = writeln!(
+            out,
+            "| burst of {n} endpoint changes, one sync | {} | {} | {} | {} |",
+            ms(b.total),
+            own_part(b),
+            ms(b.kernel),
+            b.messages
+        );
+    }
+    let _ = writeln!(
+        out,
+        "| peak RSS (cold / restart+changes) | {} / {} | | | |",
+        mib(r.cold.peak_rss),
+        mib(r.restart.peak_rss)
+    );
+    if !args.no_anchors {
+        let rss = |r: &Option<WorkerReport>| r.as_ref().map_or("-".into(), |w| mib(w.peak_rss));
+        let _ = writeln!(
+            out,
+            "| anchor: our `render` with `nft -f` | {} | | | nft peak RSS {} |",
+            anchor(&r.own_nft, args.anchor_cap),
+            rss(&r.own_nft)
+        );
+        let _ = writeln!(
+            out,
+            "| anchor: upstream-shaped (kube-proxy 1.33) with `nft -f` | {} | | | nft peak RSS {} |",
+            anchor(&r.upstream_nft, args.anchor_cap),
+            rss(&r.upstream_nft)
+        );
+        if !r.upstream_changes.is_empty() {
+            let _ = writeln!(
+                out,
+                "| upstream-shaped one endpoint change with `nft -f` ×{}: median / max | {} / {} | | | |",
+                r.upstream_changes.len(),
+                ms(quantile(&r.upstream_changes, 0.5)),
+                ms(quantile(&r.upstream_changes, 1.0))
+            );
+        }
+    }
+    out
+}
+
+/// One row per size: the figures the targets are about, with ratios measured in this run.
+fn summary_table(results: &[(Size, SizeResult)], args: &BenchArgs) -> String {
+    let mut out = String::new();
+    let _ = writeln!(out, "\n### Summary\n");
+    let _ = writeln!(
+        out,
+        "| size | cold sync | upstream `nft -f` | × faster | our render `nft -f` | × faster | restart | endpoint change p50 / p99 | burst | peak RSS |"
+    );
+    let _ = writeln!(out, "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
+    for (size, r) in results {
+        let cold = r.cold.sync.unwrap_or_default().total;
+        let ratio = |report: &Option<WorkerReport>| match report {
+            Some(WorkerReport { nft_file: Some(t), .. }) => {
+                format!("{:.1}×", t.as_secs_f64() / cold.as_secs_f64().max(1e-9))
+            }
+            Some(_) => format!("> {:.0}×", args.anchor_cap.as_secs_f64() / cold.as_secs_f64().max(1e-9)),
+            None => "-".into(),
+        };
+        let endpoint: Vec<Duration> = r
+            .restart
+            .changes
+            .iter()
+            .filter(|(k, _)| matches!(k, ChangeKind::EndpointAdded | ChangeKind::EndpointRemoved))
+            .map(|(_, f)| f.total)
+            .collect();
+        let _ = writeln!(
+            out,
+            "| {size} | {} | {} | {} | {} | {} | {} | {} / {} | {} | {} |",
+            ms(cold),
+            anchor(&r.upstream_nft, args.anchor_cap),
+            ratio(&r.upstream_nft),
+            anchor(&r.own_nft, args.anchor_cap),
+            ratio(&r.own_nft),
+            ms(r.restart.sync.unwrap_or_default().total),
+            ms(quantile(&endpoint, 0.5)),
+            ms(quantile(&endpoint, 0.99)),
+            r.restart.burst.map_or("-".into(), |(_, b)| ms(b.total)),
+            mib(r.cold.peak_rss.max(r.restart.peak_rss))
+        );
+    }
+    out
+}
+
+fn dataplane_table(rows: &[dataplane::ConnStats]) -> String {
+    let mut out = String::new();
+    let _ = writeln!(out, "\n### Data plane: new TCP connections through one ClusterIP\n");
+    let _ = writeln!(
+        out,
+        "| other services | ruleset | conn/s | connect p50 | connect p99 | conn/s vs single DNAT, median of rounds | p99 vs single DNAT, median of rounds | connections | failures |"
+    );
+    let _ = writeln!(out, "|---:|---|---:|---:|---:|---:|---:|---:|---:|");
+    let percent = |v: Option<f64>| v.map_or("-".to_string(), |v| format!("{v:+.1}%"));
+    for r in rows {
+        let _ = writeln!(
+            out,
+            "| {} | {} | {:.0} | {:.0} µs | {:.0} µs | {} | {} | {} | {} |",
+            r.services,
+            r.ruleset,
+            r.per_second,
+            r.p50.as_secs_f64() * 1e6,
+            r.p99.as_secs_f64() * 1e6,
+            percent(r.rate_vs_floor),
+            percent(r.p99_vs_floor),
+            r.connections,
+            r.failures
+        );
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes_parse() {
+        assert_eq!(parse_size("10000x10").unwrap(), Size { services: 10000, endpoints: 10 });
+        assert_eq!(parse_size("44000×1").unwrap(), Size { services: 44000, endpoints: 1 });
+        assert!(parse_size("10000").is_err());
+        assert!(parse_size("0x10").is_err());
+        assert!(parse_size("10x100").is_err());
+    }
+
+    #[test]
+    fn quantiles_are_nearest_rank() {
+        let v: Vec<Duration> = (1..=100).map(Duration::from_millis).collect();
+        assert_eq!(quantile(&v, 0.5), Duration::from_millis(50));
+        assert_eq!(quantile(&v, 0.99), Duration::from_millis(99));
+        assert_eq!(quantile(&v, 1.0), Duration::from_millis(100));
+        assert_eq!(quantile(&[], 0.5), Duration::ZERO);
+    }
+}
