@@ -27,6 +27,8 @@ use crate::metrics::{Applied, Metrics, NoLocalEndpoints, SyncSample};
 use crate::model::{ClusterState, Problem};
 use crate::net::IpFamily;
 use crate::netlink::{Kernel, NetlinkError};
+use crate::nodeaddr::NodePortTargets;
+use crate::plan::HealthCheck;
 use crate::plan::{self, NodePorts, PlanInput};
 use crate::source::kube::{EventPublisher, KubeSourceError, Notice};
 use crate::source::watch::spawn_manifest_watcher;
@@ -97,6 +99,9 @@ struct AgentObserver {
     /// kube-proxy's leftovers handed to the syncer, until a full sync removed them.
     takeover: Option<Leftovers>,
     debug: debug::Desk,
+    /// The health checks the servers serve, with the addresses and families they were
+    /// served for (`None` until all were bound).
+    health_served: Option<(Arc<[HealthCheck]>, NodePortTargets, Vec<IpFamily>)>,
 }
 
 impl AgentObserver {
@@ -118,37 +123,6 @@ impl AgentObserver {
 fn families(state: &ClusterState, config: &ProxyConfig) -> Vec<IpFamily> {
     let none = NodePorts::Addresses(Vec::new());
     plan::families(&PlanInput { config, state, nodeports_v4: &none, nodeports_v6: &none })
-}
-
-/// Service ports with a Local policy and no local endpoints, per family: the split of the
-/// plan's `no_local_internal` / `no_local_external` counts (which sum both families) that
-/// upstream's per-family gauge needs. Only Local-policy ports are looked at, with the plan's
-/// own endpoint categorisation.
-fn no_local_endpoints(
-    state: &ClusterState,
-    config: &ProxyConfig,
-    families: &[IpFamily],
-) -> Vec<(IpFamily, NoLocalEndpoints)> {
-    let zone = state.node().and_then(|n| n.zone());
-    let node = plan::endpoints::NodeView { name: config.hostname.as_str(), zone };
-    families
-        .iter()
-        .map(|&family| {
-            let mut counts = NoLocalEndpoints::default();
-            for sp in state.services().flat_map(|s| &s.ports) {
-                if (!sp.internal_policy_local && !sp.external_local()) || sp.cluster_ip(family).is_none() {
-                    continue;
-                }
-                let cat = plan::endpoints::categorize(&state.endpoints(&sp.name, family), sp, &node);
-                if !cat.has_any || !cat.local.is_empty() {
-                    continue;
-                }
-                counts.internal += usize::from(sp.internal_policy_local);
-                counts.external += usize::from(sp.external_local());
-            }
-            (family, counts)
-        })
-        .collect()
 }
 
 impl AgentObserver {
@@ -233,7 +207,13 @@ impl Observer for AgentObserver {
                     kernel: s.report.apply.kernel,
                     messages: s.report.apply.messages,
                     drift_repairs: s.report.drift_repairs,
-                    no_local: no_local_endpoints(index.state(), syncer.config(), &families),
+                    no_local: families
+                        .iter()
+                        .map(|&family| {
+                            let (internal, external) = s.stats.no_local(family);
+                            (family, NoLocalEndpoints { internal, external })
+                        })
+                        .collect(),
                 };
                 let reason = s.report.reason.to_string();
                 self.metrics.synced(&sample(s.report.full, s.report.total, Some(applied), reason));
@@ -254,15 +234,27 @@ impl Observer for AgentObserver {
                         self.metrics.conntrack.reconciled(pass.family, pass.took, pass.deleted);
                     }
                 }
-                self.health.updated(&s.health_checks);
-                // A family nftproxy does not program (IPv6 on a single-stack cluster) matches
-                // all its addresses, but must not widen the health-check servers to every
-                // address: upstream has no proxier, hence no server, for it.
-                let unused = NodePorts::Addresses(Vec::new());
-                let v6 = if families.contains(&IpFamily::V6) { &s.nodeports.v6 } else { &unused };
-                let failures = self.servers.sync(&s.health_checks, &s.nodeports.v4, v6);
-                for f in failures {
-                    self.notify(Notice::HealthCheckBindFailed { service: f.service, port: f.port, error: f.error });
+                // The same health checks (one allocation while none changes) on the same
+                // addresses, all served: nothing to do, at any number of services.
+                let served = (Arc::clone(&s.health_checks), s.nodeports.clone(), families.clone());
+                let unchanged = self.health_served.as_ref().is_some_and(|(checks, nodeports, fams)| {
+                    Arc::ptr_eq(checks, &served.0) && *nodeports == served.1 && *fams == served.2
+                });
+                if unchanged {
+                    self.health.synced();
+                } else {
+                    self.health.updated(&s.health_checks);
+                    // A family nftproxy does not program (IPv6 on a single-stack cluster)
+                    // matches all its addresses, but must not widen the health-check servers
+                    // to every address: upstream has no proxier, hence no server, for it.
+                    let unused = NodePorts::Addresses(Vec::new());
+                    let v6 = if families.contains(&IpFamily::V6) { &s.nodeports.v6 } else { &unused };
+                    let failures = self.servers.sync(&s.health_checks, &s.nodeports.v4, v6);
+                    // A server that could not bind is tried again after the next sync.
+                    self.health_served = failures.is_empty().then_some(served);
+                    for f in failures {
+                        self.notify(Notice::HealthCheckBindFailed { service: f.service, port: f.port, error: f.error });
+                    }
                 }
             }
             Err(e) => {
@@ -401,6 +393,7 @@ pub(crate) fn run(settings: RunSettings) -> Result<(), RunError> {
         conntrack: Reconciler::default(),
         takeover,
         debug: desk,
+        health_served: None,
     };
     info!(hostname = %syncer.config().hostname, "nftproxy running");
     runner::run(&mut index, &mut syncer, &rx, &stop, settings.timing, gate, &mut observer)?;
@@ -471,11 +464,8 @@ endpoints: [{addresses: [10.244.2.11], nodeName: node2}]
             plan::plan(&PlanInput { config: &config, state: &state, nodeports_v4: &none, nodeports_v6: &none });
         let fams = families(&state, &config);
         assert_eq!(fams, [IpFamily::V4, IpFamily::V6]);
-        let split = no_local_endpoints(&state, &config, &fams);
-        let v4 = NoLocalEndpoints { internal: 1, external: 2 };
-        assert_eq!(split, [(IpFamily::V4, v4), (IpFamily::V6, NoLocalEndpoints::default())]);
-        let internal: usize = split.iter().map(|(_, c)| c.internal).sum();
-        let external: usize = split.iter().map(|(_, c)| c.external).sum();
-        assert_eq!((internal, external), (planned.stats.no_local_internal, planned.stats.no_local_external));
+        assert_eq!(planned.stats.no_local(IpFamily::V4), (1, 2));
+        assert_eq!(planned.stats.no_local(IpFamily::V6), (0, 0));
+        assert_eq!((planned.stats.no_local_internal, planned.stats.no_local_external), (1, 2));
     }
 }

@@ -31,6 +31,7 @@ use crate::netlink::NetlinkError;
 use crate::netlink::conntrack::{Conntrack, Flow};
 use crate::nodeaddr::NodePortTargets;
 use crate::plan::{ConntrackTarget, NodePorts};
+use crate::sync::ConntrackUpdate;
 
 /// The kernel's conntrack table as the reconciler uses it.
 pub(crate) trait FlowTable {
@@ -166,10 +167,14 @@ pub(crate) struct Pass {
     pub deleted: usize,
 }
 
-/// The reconciler's memory: the service ports of each family's last successful pass.
+/// The reconciler's memory, per family: the service ports as of the last sync, ports deleted
+/// whose flows are not gone yet, and whether every flow has been checked since start-up or
+/// the last failed pass.
 #[derive(Debug, Default)]
 pub(crate) struct Reconciler {
-    last: FamilyMap<BTreeMap<ServicePortName, ConntrackTarget>>,
+    ports: FamilyMap<BTreeMap<ServicePortName, ConntrackTarget>>,
+    deleted: FamilyMap<Vec<ConntrackTarget>>,
+    checked: FamilyMap<()>,
 }
 
 /// Whether `state` still has this service port in `family` (a port the kernel refused is
@@ -181,44 +186,78 @@ fn exists(state: &ClusterState, name: &ServicePortName, family: IpFamily) -> boo
 }
 
 impl Reconciler {
-    /// Runs a pass in each family whose service ports changed since its last successful pass
-    /// (every family with ports the first time). `targets` are the sync's service ports,
-    /// `state` tells deleted ports from refused ones. Failures are logged; a family whose pass
-    /// failed is tried again after the next sync.
+    /// Follows a sync's `update` and runs a pass in each family whose service ports changed:
+    /// over every flow the first time (a restart, or the one-shot `sync`), after a full sync
+    /// that changed anything, and after a failed pass; else over the flows to the frontends
+    /// of the ports that changed or went (a flow to an unchanged port was checked when that
+    /// port last changed, and the rules have sent new flows only to its serving endpoints
+    /// since), so a sync at 44,000 services does not compare them all. `state` tells deleted
+    /// ports from refused ones. Failures are logged; a family whose pass failed checks every
+    /// flow after the next sync.
     pub(crate) fn reconcile(
         &mut self,
         table: &mut dyn FlowTable,
-        targets: &[ConntrackTarget],
+        update: &ConntrackUpdate,
         nodeports: &NodePortTargets,
         state: &ClusterState,
     ) -> Vec<Pass> {
         let mut node_ips: Option<HashSet<IpAddr>> = None;
         let mut passes = Vec::new();
         for family in IpFamily::ALL {
-            let current: BTreeMap<ServicePortName, ConntrackTarget> =
-                targets.iter().filter(|t| t.family == family).map(|t| (t.name.clone(), t.clone())).collect();
-            let last = self.last.get(family);
-            if last == Some(&current) {
-                continue;
+            let ports = self.ports.get_or_insert_with(family, BTreeMap::new);
+            let deleted = self.deleted.get_or_insert_with(family, Vec::new);
+            let mut changed: Vec<ServicePortName> = Vec::new();
+            let mut whole = self.checked.get(family).is_none();
+            match update {
+                ConntrackUpdate::All(targets) => {
+                    let current: BTreeMap<ServicePortName, ConntrackTarget> =
+                        targets.iter().filter(|t| t.family == family).map(|t| (t.name.clone(), t.clone())).collect();
+                    whole |= current != *ports;
+                    let gone =
+                        ports.values().filter(|t| !current.contains_key(&t.name) && !exists(state, &t.name, family));
+                    deleted.extend(gone.cloned());
+                    *ports = current;
+                }
+                ConntrackUpdate::Changed { before, after } => {
+                    for t in before.iter().filter(|t| t.family == family) {
+                        if !after.iter().any(|a| a.name == t.name && a.family == family) {
+                            ports.remove(&t.name);
+                            if !exists(state, &t.name, family) {
+                                deleted.push(t.clone());
+                            }
+                        }
+                    }
+                    for t in after.iter().filter(|t| t.family == family) {
+                        if ports.get(&t.name) != Some(t) {
+                            changed.push(t.name.clone());
+                            ports.insert(t.name.clone(), t.clone());
+                        }
+                    }
+                }
             }
-            let deleted: Vec<&ConntrackTarget> = last
-                .into_iter()
-                .flat_map(|l| l.values())
-                .filter(|t| !current.contains_key(&t.name) && !exists(state, &t.name, family))
-                .collect();
-            if current.is_empty() && deleted.is_empty() {
-                self.last.insert(family, current);
+            let live: Vec<&ConntrackTarget> =
+                if whole { ports.values().collect() } else { changed.iter().filter_map(|n| ports.get(n)).collect() };
+            if live.is_empty() && deleted.is_empty() {
+                if whole {
+                    self.checked.insert(family, ());
+                }
                 continue;
             }
             let node_ips = node_ips.get_or_insert_with(|| node_port_addresses(nodeports));
-            let live: Vec<&ConntrackTarget> = current.values().collect();
-            match pass(table, family, &live, &deleted, node_ips) {
+            let deleted_now: Vec<&ConntrackTarget> = deleted.iter().collect();
+            match pass(table, family, &live, &deleted_now, node_ips) {
                 Some((p, true)) => {
                     passes.push(p);
-                    self.last.insert(family, current);
+                    deleted.clear();
+                    self.checked.insert(family, ());
                 }
-                Some((p, false)) => passes.push(p),
-                None => {}
+                Some((p, false)) => {
+                    passes.push(p);
+                    self.checked.remove(family);
+                }
+                None => {
+                    self.checked.remove(family);
+                }
             }
         }
         passes

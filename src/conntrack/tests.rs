@@ -117,6 +117,11 @@ impl FlowTable for FakeTable {
     }
 }
 
+/// What a full sync hands the reconciler.
+fn all(targets: &[ConntrackTarget]) -> ConntrackUpdate {
+    ConntrackUpdate::All(targets.to_vec())
+}
+
 fn nodeports() -> NodePortTargets {
     NodePortTargets { v4: NodePorts::Addresses(vec![ip(NODE_IP)]), v6: NodePorts::Addresses(vec![]) }
 }
@@ -143,19 +148,19 @@ fn passes_run_when_ports_change_and_remember_deleted_ones() {
     let both = [target("dns", "10.96.0.10", Some(30053), &["10.244.2.10"])];
 
     // The first pass checks every flow (a restart): all three are to a serving endpoint.
-    let passes = r.reconcile(&mut table, &both, &nodeports(), &state);
+    let passes = r.reconcile(&mut table, &all(&both), &nodeports(), &state);
     assert_eq!(passes.iter().map(|p| (p.family, p.deleted)).collect::<Vec<_>>(), vec![(IpFamily::V4, 0)]);
     assert_eq!(table.lists, 1, "IPv6 has no ports: not listed");
     // Nothing changed: no pass, no dump.
-    assert!(r.reconcile(&mut table, &both, &nodeports(), &state).is_empty());
+    assert!(r.reconcile(&mut table, &all(&both), &nodeports(), &state).is_empty());
     assert_eq!(table.lists, 1);
 
     // The service is deleted: every flow to its ClusterIP and NodePort goes.
-    let passes = r.reconcile(&mut table, &[], &nodeports(), &ClusterState::default());
+    let passes = r.reconcile(&mut table, &all(&[]), &nodeports(), &ClusterState::default());
     assert_eq!(passes.iter().map(|p| p.deleted).sum::<usize>(), 3);
     assert!(table.flows[&IpFamily::V4].is_empty());
     // And it is forgotten: the next sync has nothing to do.
-    assert!(r.reconcile(&mut table, &[], &nodeports(), &ClusterState::default()).is_empty());
+    assert!(r.reconcile(&mut table, &all(&[]), &nodeports(), &ClusterState::default()).is_empty());
 }
 
 #[test]
@@ -166,8 +171,8 @@ fn a_port_missing_from_the_sync_but_still_in_the_cluster_keeps_its_flows() {
     table.flows.insert(IpFamily::V4, vec![f]);
     let mut r = Reconciler::default();
     let state = state_with("dns", "10.96.0.10");
-    r.reconcile(&mut table, &[target("dns", "10.96.0.10", None, &["10.244.2.10"])], &nodeports(), &state);
-    r.reconcile(&mut table, &[], &nodeports(), &state);
+    r.reconcile(&mut table, &all(&[target("dns", "10.96.0.10", None, &["10.244.2.10"])]), &nodeports(), &state);
+    r.reconcile(&mut table, &all(&[]), &nodeports(), &state);
     assert_eq!(table.flows[&IpFamily::V4], vec![f]);
 }
 
@@ -178,8 +183,39 @@ fn a_failed_listing_is_not_a_pass_and_is_tried_again() {
     let mut r = Reconciler::default();
     let state = state_with("dns", "10.96.0.10");
     let t = [target("dns", "10.96.0.10", None, &["10.244.2.10"])];
-    assert!(r.reconcile(&mut table, &t, &nodeports(), &state).is_empty(), "no metrics without a listing");
+    assert!(r.reconcile(&mut table, &all(&t), &nodeports(), &state).is_empty(), "no metrics without a listing");
     table.fail_list = false;
-    let passes = r.reconcile(&mut table, &t, &nodeports(), &state);
+    let passes = r.reconcile(&mut table, &all(&t), &nodeports(), &state);
     assert_eq!(passes.iter().map(|p| p.deleted).collect::<Vec<_>>(), vec![1]);
+}
+
+#[test]
+fn after_a_partial_sync_only_the_changed_ports_flows_are_checked() {
+    let mut table = FakeTable::default();
+    let dns = target("dns", "10.96.0.10", None, &["10.244.2.10"]);
+    let other = target("other", "10.96.0.11", None, &["10.244.3.10"]);
+    let state = state_with("dns", "10.96.0.10");
+    let mut r = Reconciler::default();
+    r.reconcile(&mut table, &all(&[dns.clone(), other.clone()]), &nodeports(), &state);
+    // A flow to `other`'s gone endpoint appears (only a stale rule could make one); a partial
+    // sync that changes `dns` alone does not look at it, and removes dns's stale flow.
+    let to_other = flow("10.96.0.11:53", "10.244.9.9:5353");
+    let to_dns = flow("10.96.0.10:53", "10.244.2.10:5353");
+    table.flows.insert(IpFamily::V4, vec![to_other, to_dns]);
+    let moved = target("dns", "10.96.0.10", None, &["10.244.2.11"]);
+    let update = ConntrackUpdate::Changed { before: vec![dns.clone()], after: vec![moved.clone()] };
+    let passes = r.reconcile(&mut table, &update, &nodeports(), &state);
+    assert_eq!(passes.iter().map(|p| p.deleted).sum::<usize>(), 1);
+    assert_eq!(table.flows[&IpFamily::V4], vec![to_other]);
+    // A partial sync that changed no UDP port: no pass, no dump.
+    let lists = table.lists;
+    assert!(r.reconcile(&mut table, &ConntrackUpdate::none(), &nodeports(), &state).is_empty());
+    assert_eq!(table.lists, lists);
+    // `other` deleted by a partial sync: its flows go.
+    let update = ConntrackUpdate::Changed { before: vec![other], after: vec![] };
+    let passes = r.reconcile(&mut table, &update, &nodeports(), &state);
+    assert_eq!(passes.iter().map(|p| p.deleted).sum::<usize>(), 1);
+    assert!(table.flows[&IpFamily::V4].is_empty());
+    // A full sync with what the reconciler already follows: nothing to do.
+    assert!(r.reconcile(&mut table, &all(&[moved]), &nodeports(), &state).is_empty());
 }

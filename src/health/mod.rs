@@ -82,6 +82,13 @@ impl ProxyHealth {
         s.services = checks.iter().map(|c| (c.service.clone(), c.local_endpoints)).collect();
     }
 
+    /// A sync succeeded and the health-checked services are the same as after the last one.
+    pub(crate) fn synced(&self) {
+        let mut s = self.lock();
+        s.last_updated = Some(SystemTime::now());
+        s.oldest_pending = None;
+    }
+
     /// Whether this node may receive traffic (false while its Node is being deleted).
     pub(crate) fn set_node_eligible(&self, eligible: bool) {
         self.lock().node_eligible = eligible;

@@ -274,6 +274,7 @@ impl ServiceSnapshot {
     pub fn to_state(&self) -> ClusterState {
         let mut s = ClusterState { node: self.node.clone(), ..ClusterState::default() };
         if let Some(info) = &self.service {
+            s.ipv6_services = usize::from(has_ipv6(info));
             s.services.insert(self.name.clone(), info.clone());
         }
         for slice in &self.slices {
@@ -298,6 +299,14 @@ pub struct ClusterState {
     node: Option<Arc<NodeInfo>>,
     /// ServiceCIDRs by name.
     service_cidrs: BTreeMap<String, ServiceCidrInfo>,
+    /// How many services have an IPv6 ClusterIP (whether the ip6 table is needed is asked on
+    /// every sync; counting 44,000 services each time would cost more than the sync).
+    ipv6_services: usize,
+}
+
+/// Whether a service has an IPv6 ClusterIP.
+fn has_ipv6(service: &ServiceInfo) -> bool {
+    service.ports.iter().any(|p| p.cluster_ip(IpFamily::V6).is_some())
 }
 
 impl ClusterState {
@@ -311,7 +320,10 @@ impl ClusterState {
         match self.services.get(&service.name) {
             Some(existing) if **existing == service => false,
             _ => {
-                self.services.insert(service.name.clone(), Arc::new(service));
+                self.ipv6_services += usize::from(has_ipv6(&service));
+                if let Some(old) = self.services.insert(service.name.clone(), Arc::new(service)) {
+                    self.ipv6_services -= usize::from(has_ipv6(&old));
+                }
                 true
             }
         }
@@ -319,7 +331,14 @@ impl ClusterState {
 
     /// Removes a service. Returns whether it was there.
     pub fn remove_service(&mut self, name: &NamespacedName) -> bool {
-        self.services.remove(name).is_some()
+        let Some(old) = self.services.remove(name) else { return false };
+        self.ipv6_services -= usize::from(has_ipv6(&old));
+        true
+    }
+
+    /// Whether any service has an IPv6 ClusterIP.
+    pub fn has_ipv6_services(&self) -> bool {
+        self.ipv6_services > 0
     }
 
     /// Adds or replaces an EndpointSlice. Returns the services whose endpoints changed.
@@ -365,6 +384,7 @@ impl ClusterState {
         }
         let changed = self.services.keys().chain(new.keys()).filter(|n| self.services.get(*n) != new.get(*n)).cloned();
         let changed: BTreeSet<NamespacedName> = changed.collect();
+        self.ipv6_services = new.values().filter(|s| has_ipv6(s)).count();
         self.services = new;
         changed.into_iter().collect()
     }

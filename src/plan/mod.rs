@@ -86,6 +86,10 @@ pub struct PlanStats {
     pub no_local_internal: usize,
     /// Service ports whose external traffic is dropped for lack of local endpoints.
     pub no_local_external: usize,
+    /// Of `no_local_internal` and `no_local_external`, the IPv6 ones (the metrics split them
+    /// by family).
+    pub no_local_internal_v6: usize,
+    pub no_local_external_v6: usize,
 }
 
 impl PlanStats {
@@ -97,6 +101,31 @@ impl PlanStats {
         self.no_endpoints += other.no_endpoints;
         self.no_local_internal += other.no_local_internal;
         self.no_local_external += other.no_local_external;
+        self.no_local_internal_v6 += other.no_local_internal_v6;
+        self.no_local_external_v6 += other.no_local_external_v6;
+    }
+
+    /// Takes another plan's counts out of these (a service replaced or gone).
+    pub fn subtract(&mut self, other: &PlanStats) {
+        self.services -= other.services;
+        self.service_ports -= other.service_ports;
+        self.endpoints -= other.endpoints;
+        self.no_endpoints -= other.no_endpoints;
+        self.no_local_internal -= other.no_local_internal;
+        self.no_local_external -= other.no_local_external;
+        self.no_local_internal_v6 -= other.no_local_internal_v6;
+        self.no_local_external_v6 -= other.no_local_external_v6;
+    }
+
+    /// Service ports of `family` whose internal and external traffic is dropped for lack of
+    /// local endpoints.
+    pub fn no_local(&self, family: IpFamily) -> (usize, usize) {
+        match family {
+            IpFamily::V4 => {
+                (self.no_local_internal - self.no_local_internal_v6, self.no_local_external - self.no_local_external_v6)
+            }
+            IpFamily::V6 => (self.no_local_internal_v6, self.no_local_external_v6),
+        }
     }
 }
 
@@ -334,7 +363,7 @@ fn health_check(state: &ClusterState, service: &ServiceInfo, node_name: &str) ->
 /// included).
 pub(crate) fn families(input: &PlanInput<'_>) -> Vec<IpFamily> {
     let v6 = input.config.cluster_cidrs.iter().any(|c| IpFamily::of_net(c) == IpFamily::V6)
-        || input.state.services().any(|s| s.ports.iter().any(|p| p.cluster_ip(IpFamily::V6).is_some()))
+        || input.state.has_ipv6_services()
         || input.state.node().is_some_and(|n| n.internal_ips.iter().any(|ip| ip.is_ipv6()))
         // ServiceCIDR (issue 14): an IPv6 service range is dropped in the ip6 table.
         || !input.state.service_cidrs(IpFamily::V6).is_empty();

@@ -126,11 +126,14 @@ impl<'a> PortPlan<'a> {
         if !cat.has_any {
             out.stats.no_endpoints += 1;
         } else {
+            let v6 = usize::from(self.family == IpFamily::V6);
             if !has_internal {
                 out.stats.no_local_internal += 1;
+                out.stats.no_local_internal_v6 += v6;
             }
             if sp.externally_accessible() && !has_external {
                 out.stats.no_local_external += 1;
+                out.stats.no_local_external_v6 += v6;
             }
         }
 

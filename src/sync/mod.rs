@@ -96,11 +96,29 @@ pub struct Synced {
     pub at: Instant,
     /// Where NodePorts (and health-check servers) listen.
     pub nodeports: NodePortTargets,
-    pub health_checks: Vec<HealthCheck>,
-    /// UDP and SCTP service ports and their endpoints (empty when conntrack cleanup is off).
-    pub conntrack: Vec<ConntrackTarget>,
+    /// Every health check; the same allocation as the last sync's when none changed.
+    pub health_checks: Arc<[HealthCheck]>,
+    /// UDP and SCTP service ports and their endpoints: every one after a full sync, those of
+    /// the services planned again after a partial one (nothing when conntrack cleanup is off).
+    pub conntrack: ConntrackUpdate,
     pub stats: PlanStats,
     pub report: SyncReport,
+}
+
+/// The UDP and SCTP service ports a sync programmed, for the conntrack reconciler.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ConntrackUpdate {
+    /// Every programmed port (a full sync).
+    All(Vec<ConntrackTarget>),
+    /// The ports of the services a partial sync planned again, before and after it.
+    Changed { before: Vec<ConntrackTarget>, after: Vec<ConntrackTarget> },
+}
+
+impl ConntrackUpdate {
+    /// No port changed.
+    pub fn none() -> ConntrackUpdate {
+        ConntrackUpdate::Changed { before: Vec::new(), after: Vec::new() }
+    }
 }
 
 /// Resolves node-port addresses for a plan (reads interfaces; tests substitute fixed values).
@@ -363,7 +381,7 @@ impl Syncer {
                 _ => return Ok(None),
             }
         };
-        let Some(programmed) = self.programmed.as_ref() else { return Ok(None) };
+        let Some(programmed) = self.programmed.as_mut() else { return Ok(None) };
         tracing::debug!(proof, "periodic sync: nftproxy's tables cannot have changed; no read-back");
         let report = SyncReport {
             reason: SyncReason::Periodic,
@@ -380,7 +398,7 @@ impl Syncer {
             at: Instant::now(),
             nodeports: targets,
             health_checks: programmed.health_checks(),
-            conntrack: if self.config.conntrack_cleanup { programmed.conntrack() } else { Vec::new() },
+            conntrack: ConntrackUpdate::none(),
             stats: programmed.stats(),
             report,
         }))
@@ -422,18 +440,19 @@ impl Syncer {
             self.full_sync(&input, &families)
                 .map(|(apply, read, planned)| {
                     let drift = if only_drift { apply.operations } else { 0 };
-                    (apply, read, planned, drift)
+                    (apply, read, planned, drift, None)
                 })
                 .map_err(SyncError::from)
         } else {
-            self.partial_sync(&input, &families, pending).map(|(apply, planned)| (apply, Duration::ZERO, planned, 0))
+            self.partial_sync(&input, &families, pending)
+                .map(|(apply, planned, conntrack)| (apply, Duration::ZERO, planned, 0, Some(conntrack)))
         };
         if let Err(SyncError::Internal(why)) = &outcome {
             self.needs_full = true;
             self.programmed = None;
             return Err(SyncError::Internal(why));
         }
-        let (apply, read, services_planned, drift_repairs) = match outcome {
+        let (apply, read, services_planned, drift_repairs, conntrack) = match outcome {
             Ok(done) => done,
             Err(e) => {
                 // The kernel kept its old state; forget ours so the next (full) sync plans
@@ -446,8 +465,13 @@ impl Syncer {
         };
         self.needs_full = false;
         self.targets = Some(targets.clone());
-        let Some(programmed) = self.programmed.as_ref() else {
+        let Some(programmed) = self.programmed.as_mut() else {
             return Err(SyncError::Internal("a successful sync recorded nothing"));
+        };
+        let conntrack = match conntrack {
+            _ if !self.config.conntrack_cleanup => ConntrackUpdate::none(),
+            Some(changed) => changed,
+            None => ConntrackUpdate::All(programmed.conntrack()),
         };
         let total = started.elapsed();
         let report = SyncReport {
@@ -480,7 +504,7 @@ impl Syncer {
             at: Instant::now(),
             nodeports: targets,
             health_checks: programmed.health_checks(),
-            conntrack: if self.config.conntrack_cleanup { programmed.conntrack() } else { Vec::new() },
+            conntrack,
             stats,
             report,
         })
@@ -581,21 +605,26 @@ impl Syncer {
         input: &PlanInput<'_>,
         families: &[IpFamily],
         pending: &Pending,
-    ) -> Result<(ApplyStats, usize), SyncError> {
+    ) -> Result<(ApplyStats, usize, ConntrackUpdate), SyncError> {
         let Some(programmed) = self.programmed.as_mut() else {
             return Err(SyncError::Internal("a partial sync without programmed state"));
         };
+        let (mut before, mut after) = (Vec::new(), Vec::new());
         let (config, placement) = (&self.config, &mut self.placement);
         let targets = (input.nodeports_v4, input.nodeports_v6);
         let mut replan =
             |name: &NamespacedName, service: &ProgrammedService| replan(config, targets, families, name, service);
         let mut changes: Vec<Change> = Vec::with_capacity(pending.services.len());
         for name in &pending.services {
+            if let Some(old) = programmed.service(name) {
+                before.extend(old.conntrack.iter().cloned());
+            }
             let old = programmed.service(name).map(|old| replan(name, old));
             let new = match input.state.service(name) {
                 Some(svc) => {
                     placement.update_service(name, &plan::window_demands(input, families, svc));
                     let service_plan = plan::plan_service(input, families, svc, &*placement);
+                    after.extend(service_plan.conntrack.iter().cloned());
                     Some((record(&service_plan, input.state, placement), service_plan.lower()))
                 }
                 None => {
@@ -624,7 +653,7 @@ impl Syncer {
         // A partial sync replaces whole services, so nothing in its view must change in place.
         let apply = applied.ok_or(SyncError::Internal("a partial sync met an object that cannot change in place"))?;
         self.generation = guard.map(|g| if apply.messages > 0 { crate::netlink::next_generation(g) } else { g });
-        Ok((apply, planned))
+        Ok((apply, planned, ConntrackUpdate::Changed { before, after }))
     }
 
     /// The whole ruleset planned from scratch for `state`, with endpoint windows where they are:

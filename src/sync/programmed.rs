@@ -11,6 +11,7 @@
 //! as [`crate::plan::plan`] merges, so both program the same ruleset.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::Arc;
 
 use smallvec::SmallVec;
 
@@ -75,6 +76,12 @@ pub(super) struct Programmed {
     /// Claimed elements per set created on demand (endpoint and balancing maps): a map exists
     /// while it holds any.
     maps: HashMap<(IpFamily, SharedSet), usize>,
+    /// The sum of the services' counts, kept as services come and go (a sync reports it, and
+    /// summing 44,000 services per sync would cost more than the sync).
+    totals: PlanStats,
+    /// Every health check, built on demand and kept until a service's health check changes:
+    /// observers compare the pointer to skip work when nothing changed.
+    health_checks: Option<Arc<[HealthCheck]>>,
 }
 
 impl Programmed {
@@ -86,7 +93,36 @@ impl Programmed {
             claims: HashMap::new(),
             hairpins: HashMap::new(),
             maps: HashMap::new(),
+            totals: PlanStats::default(),
+            health_checks: None,
         }
+    }
+
+    /// Records `service` under `name`, replacing (and returning) what was there, with the
+    /// totals and the health-check list following.
+    fn put(&mut self, name: NamespacedName, service: Option<ProgrammedService>) -> Option<ProgrammedService> {
+        let old = match service {
+            Some(new) => {
+                self.totals.add(&new.stats);
+                let health = new.health_check.clone();
+                let old = self.services.insert(name, new);
+                if health != old.as_ref().and_then(|o| o.health_check.clone()) {
+                    self.health_checks = None;
+                }
+                old
+            }
+            None => {
+                let old = self.services.remove(&name);
+                if old.as_ref().is_some_and(|o| o.health_check.is_some()) {
+                    self.health_checks = None;
+                }
+                old
+            }
+        };
+        if let Some(old) = &old {
+            self.totals.subtract(&old.stats);
+        }
+        old
     }
 
     /// The families the tables are for.
@@ -130,7 +166,7 @@ impl Programmed {
                 });
             }
         }
-        self.services.insert(name, service);
+        self.put(name, Some(service));
     }
 
     /// A programmed service.
@@ -140,16 +176,16 @@ impl Programmed {
 
     /// Counts describing the whole ruleset.
     pub(super) fn stats(&self) -> PlanStats {
-        let mut stats = PlanStats::default();
-        for s in self.services.values() {
-            stats.add(&s.stats);
-        }
-        stats
+        self.totals
     }
 
-    /// Health checks of every service that has one.
-    pub(super) fn health_checks(&self) -> Vec<HealthCheck> {
-        self.services.values().filter_map(|s| s.health_check.clone()).collect()
+    /// Health checks of every service that has one: the same allocation until one changes.
+    pub(super) fn health_checks(&mut self) -> Arc<[HealthCheck]> {
+        let services = &self.services;
+        Arc::clone(
+            self.health_checks
+                .get_or_insert_with(|| services.values().filter_map(|s| s.health_check.clone()).collect()),
+        )
     }
 
     /// Conntrack targets of every UDP and SCTP service port.
@@ -294,7 +330,7 @@ impl Programmed {
         let mut want_of: Vec<Option<usize>> = vec![None; changes.len()];
         let mut wants: Vec<Fragments> = Vec::with_capacity(changes.len() + 1);
         for (i, (name, old, new)) in changes.iter().enumerate() {
-            if self.services.remove(name).is_some()
+            if self.put(name.clone(), None).is_some()
                 && let Some(old) = old
             {
                 self.count_claims(name, old, -1);
@@ -306,7 +342,7 @@ impl Programmed {
             }
             if let Some((service, fragments)) = new {
                 self.count_claims(name, fragments, 1);
-                self.services.insert(name.clone(), service.clone());
+                self.put(name.clone(), Some(service.clone()));
                 want_of[i] = Some(wants.len());
                 wants.push(fragments.map(|_, f| WireFragment { own: f.own.clone(), shared: BTreeMap::new() }));
             }

@@ -29,6 +29,8 @@ pub struct Commit {
     pub at: SystemTime,
     /// How long the sync took, planning to commit.
     pub took: Duration,
+    /// The kernel's share of it (netlink transaction sent to its answer).
+    pub kernel: Duration,
     pub full: bool,
     /// Services whose changes the sync carried.
     pub changed: usize,
@@ -54,10 +56,14 @@ impl LogLine {
         if self.message != "synced" {
             return None;
         }
-        let ms: f64 = self.fields["ms"].as_str()?.parse().ok()?;
+        let field = |name: &str| -> Option<Duration> {
+            let ms: f64 = self.fields[name].as_str()?.parse().ok()?;
+            Some(Duration::from_secs_f64(ms / 1000.0))
+        };
         Some(Commit {
             at: self.at,
-            took: Duration::from_secs_f64(ms / 1000.0),
+            took: field("ms")?,
+            kernel: field("kernel_ms").unwrap_or_default(),
             full: self.fields["span"]["full"].as_bool().unwrap_or(false),
             changed: self.fields["changed"].as_u64().unwrap_or(0) as usize,
         })
@@ -268,12 +274,13 @@ mod tests {
 
     #[test]
     fn synced_lines_are_commits() {
-        let line = r#"{"timestamp":"2026-11-23T23:26:18.588777Z","level":"INFO","message":"synced","services":20,"changed":3,"ms":"9.8","target":"nftproxy::sync","span":{"full":true,"reason":"startup","name":"sync"}}"#;
+        let line = r#"{"timestamp":"2026-11-23T23:26:18.588777Z","level":"INFO","message":"synced","services":20,"changed":3,"ms":"9.8","kernel_ms":"2.5","target":"nftproxy::sync","span":{"full":true,"reason":"startup","name":"sync"}}"#;
         let parsed = LogLine::parse(line).unwrap();
         let c = parsed.commit().unwrap();
         assert!(c.full);
         assert_eq!(c.changed, 3);
         assert_eq!(c.took, Duration::from_secs_f64(0.0098));
+        assert_eq!(c.kernel, Duration::from_secs_f64(0.0025));
         assert_eq!(parsed.reason(), "startup");
         assert_eq!(c.at.duration_since(c.started()).unwrap(), c.took);
         assert!(LogLine::parse("not json").is_none());

@@ -264,7 +264,12 @@ fn summarize(
     let lat = latencies(sent, commits);
     let minute_of = |t: SystemTime| t.duration_since(t0).unwrap_or_default().as_secs() as usize / 60;
     let minutes = (plan.duration.as_secs() as usize).div_ceil(60).max(1);
-    let mut out = ChurnResult { plan: Some(plan.clone()), minutes: vec![Minute::default(); minutes], metric, ..ChurnResult::default() };
+    let mut out = ChurnResult {
+        plan: Some(plan.clone()),
+        minutes: vec![Minute::default(); minutes],
+        metric,
+        ..ChurnResult::default()
+    };
     let mut per_minute: Vec<Vec<Duration>> = vec![Vec::new(); minutes];
     let mut all = Vec::new();
     for (t, l) in sent.iter().zip(&lat) {
@@ -404,7 +409,13 @@ mod tests {
 
     fn commit(start_ms: u64, took_ms: u64) -> Commit {
         let started = SystemTime::UNIX_EPOCH + Duration::from_millis(start_ms);
-        Commit { at: started + Duration::from_millis(took_ms), took: Duration::from_millis(took_ms), full: false, changed: 1 }
+        Commit {
+            at: started + Duration::from_millis(took_ms),
+            took: Duration::from_millis(took_ms),
+            kernel: Duration::ZERO,
+            full: false,
+            changed: 1,
+        }
     }
 
     #[test]

@@ -31,9 +31,28 @@ fn run_flags() -> Vec<String> {
     flags
 }
 
+/// A part of the end-to-end benchmark (`--e2e-phases`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Phase {
+    /// `render` of documents and of one List.
+    Render,
+    /// `run --manifests` start-up.
+    Manifests,
+    /// `run` through the API watch: start-up and single changes.
+    Changes,
+    /// An idle agent's CPU.
+    Idle,
+    /// A cold `sync`, then a restart over its ruleset.
+    Restart,
+    /// The moonshot's cold `sync`.
+    Moonshot,
+}
+
 /// What the end-to-end benchmark measures, and at which sizes.
 #[derive(Debug, Clone)]
 pub struct Plan {
+    /// The parts measured.
+    pub phases: Vec<Phase>,
     /// `run` start-up (API and manifests) and `render`.
     pub start: Size,
     /// Single changes through the API watch.
@@ -100,11 +119,21 @@ impl ChangeKind {
     }
 }
 
-/// Single changes at one size: (kind, API event → commit, the sync's own duration).
+/// One single change: its kind, API event → commit, the sync's own duration and the kernel's
+/// share of it.
+#[derive(Debug, Clone, Copy)]
+pub struct ChangeSample {
+    pub kind: ChangeKind,
+    pub latency: Duration,
+    pub sync: Duration,
+    pub kernel: Duration,
+}
+
+/// Single changes at one size.
 #[derive(Debug, Clone, Default)]
 pub struct Changes {
     pub size: Option<Size>,
-    pub samples: Vec<(ChangeKind, Duration, Duration)>,
+    pub samples: Vec<ChangeSample>,
 }
 
 /// CPU of an idle agent.
@@ -173,30 +202,35 @@ fn progress(what: &str) {
 /// Runs every end-to-end measurement of `plan`.
 pub fn run(plan: &Plan, files: &Files) -> Result<Results, BenchError> {
     let mut results = Results::default();
+    let wanted = |p: Phase| plan.phases.contains(&p);
 
-    progress(&format!("end to end: render of {} ({} manifests)", plan.start, "documents"));
-    results.renders.push(render(plan.start, files, false)?);
-    progress(&format!("end to end: render of {} as documents and as one List", plan.list));
-    results.renders.push(render(plan.list, files, false)?);
-    results.renders.push(render(plan.list, files, true)?);
+    if wanted(Phase::Render) {
+        progress(&format!("end to end: render of {} ({} manifests)", plan.start, "documents"));
+        results.renders.push(render(plan.start, files, false)?);
+        progress(&format!("end to end: render of {} as documents and as one List", plan.list));
+        results.renders.push(render(plan.list, files, false)?);
+        results.renders.push(render(plan.list, files, true)?);
+    }
+    if wanted(Phase::Manifests) {
+        progress(&format!("end to end: run --manifests at {}", plan.start));
+        results.startups.push(run_manifests(plan.start, files)?);
+    }
 
-    progress(&format!("end to end: run --manifests at {}", plan.start));
-    results.startups.push(run_manifests(plan.start, files)?);
-
-    for &size in &plan.changes {
+    let change_sizes = if wanted(Phase::Changes) { plan.changes.as_slice() } else { &[] };
+    for &size in change_sizes {
         progress(&format!("end to end: run through the API watch at {size}, then single changes"));
         let ns = Netns::create("e2e")?;
         let api = api_server(&ns, size, plan.change_count)?;
         let (startup, mut agent) = run_api(&ns, &api, size)?;
         results.startups.push(startup);
         results.changes.push(single_changes(&mut agent, &api, size, plan.change_count)?);
-        if size == plan.idle {
+        if size == plan.idle && wanted(Phase::Idle) {
             progress(&format!("end to end: idle at {size} for {}", humantime::format_duration(plan.idle_window)));
             results.idle = Some(idle(&mut agent, size, plan.idle_window));
         }
         agent.stop();
     }
-    if results.idle.is_none() {
+    if results.idle.is_none() && wanted(Phase::Idle) {
         progress(&format!("end to end: idle at {} for {}", plan.idle, humantime::format_duration(plan.idle_window)));
         let ns = Netns::create("e2e")?;
         let api = api_server(&ns, plan.idle, 0)?;
@@ -205,14 +239,14 @@ pub fn run(plan: &Plan, files: &Files) -> Result<Results, BenchError> {
         agent.stop();
     }
 
-    progress(&format!("end to end: sync at {}, then a restart over its ruleset", plan.restart));
-    {
+    if wanted(Phase::Restart) {
+        progress(&format!("end to end: sync at {}, then a restart over its ruleset", plan.restart));
         let ns = Netns::create("e2e")?;
         let path = files.manifests(plan.restart, false)?;
         results.syncs.push(sync(&ns, "sync, cold", plan.restart, &path));
         results.syncs.push(sync(&ns, "sync, restart (read back)", plan.restart, &path));
     }
-    if let Some(size) = plan.moonshot {
+    if let Some(size) = plan.moonshot.filter(|_| wanted(Phase::Moonshot)) {
         progress(&format!("end to end: moonshot, a cold sync at {size}"));
         let ns = Netns::create("e2e")?;
         let path = files.manifests(size, false)?;
@@ -238,7 +272,12 @@ fn render(size: Size, files: &Files, list: bool) -> Result<Measured, BenchError>
 fn sync(ns: &Netns, what: &str, size: Size, path: &Path) -> Measured {
     let mut args = vec!["sync".to_string(), "--manifests".into(), path.display().to_string()];
     args.extend(proxy_flags());
-    Measured { what: what.into(), size, file: Some(file_size(path)), cost: measure(ns, &args).map_err(|e| e.to_string()) }
+    Measured {
+        what: what.into(),
+        size,
+        file: Some(file_size(path)),
+        cost: measure(ns, &args).map_err(|e| e.to_string()),
+    }
 }
 
 /// Waits for the first sync of a starting agent and reads its figures.
@@ -357,7 +396,18 @@ fn single_changes(agent: &mut Agent, api: &FakeApi, size: Size, count: usize) ->
                 break c;
             }
         };
-        out.samples.push((kind, commit.at.duration_since(sent).unwrap_or_default(), commit.took));
+        let latency = commit.at.duration_since(sent).unwrap_or_default();
+        if latency > Duration::from_millis(100) {
+            progress(&format!(
+                "end to end: change {k} ({}) took {} to commit (its sync {}, full: {}, services changed: {})",
+                kind.label(),
+                ms(latency),
+                ms(commit.took),
+                commit.full,
+                commit.changed
+            ));
+        }
+        out.samples.push(ChangeSample { kind, latency, sync: commit.took, kernel: commit.kernel });
     }
     Ok(out)
 }
@@ -413,31 +463,32 @@ pub fn tables(r: &Results) -> String {
     if !r.changes.is_empty() {
         let _ = writeln!(
             out,
-            "\n| single change through the API watch | size | n | API event → commit p50 / p99 / max | the sync itself p50 / p99 |"
+            "\n| single change through the API watch | size | n | API event → commit p50 / p99 / max | the sync itself p50 / p99 | kernel p50 |"
         );
-        let _ = writeln!(out, "|---|---|---:|---:|---:|");
+        let _ = writeln!(out, "|---|---|---:|---:|---:|---:|");
         for c in &r.changes {
             let Some(size) = c.size else { continue };
             let mut rows: Vec<(String, Vec<ChangeKind>)> =
                 ChangeKind::ALL.iter().map(|k| (k.label().to_string(), vec![*k])).collect();
             rows.push(("all kinds".into(), ChangeKind::ALL.to_vec()));
             for (label, kinds) in rows {
-                let picked: Vec<&(ChangeKind, Duration, Duration)> =
-                    c.samples.iter().filter(|(k, _, _)| kinds.contains(k)).collect();
+                let picked: Vec<&ChangeSample> = c.samples.iter().filter(|s| kinds.contains(&s.kind)).collect();
                 if picked.is_empty() {
                     continue;
                 }
-                let wall: Vec<Duration> = picked.iter().map(|s| s.1).collect();
-                let own: Vec<Duration> = picked.iter().map(|s| s.2).collect();
+                let wall: Vec<Duration> = picked.iter().map(|s| s.latency).collect();
+                let own: Vec<Duration> = picked.iter().map(|s| s.sync).collect();
+                let kernel: Vec<Duration> = picked.iter().map(|s| s.kernel).collect();
                 let _ = writeln!(
                     out,
-                    "| {label} | {size} | {} | {} / {} / {} | {} / {} |",
+                    "| {label} | {size} | {} | {} / {} / {} | {} / {} | {} |",
                     picked.len(),
                     ms(quantile(&wall, 0.5)),
                     ms(quantile(&wall, 0.99)),
                     ms(quantile(&wall, 1.0)),
                     ms(quantile(&own, 0.5)),
-                    ms(quantile(&own, 0.99))
+                    ms(quantile(&own, 0.99)),
+                    ms(quantile(&kernel, 0.5))
                 );
             }
         }

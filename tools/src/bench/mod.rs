@@ -101,6 +101,9 @@ pub struct BenchArgs {
     /// Skip the end-to-end measurements of the `nftproxy` binary.
     #[arg(long)]
     pub no_e2e: bool,
+    /// End to end: the parts measured, comma-separated.
+    #[arg(long, value_enum, value_delimiter = ',', default_value = "render,manifests,changes,idle,restart,moonshot")]
+    pub e2e_phases: Vec<e2e::Phase>,
     /// End to end: the size `run` starts at (API and manifests) and `render` reads.
     #[arg(long, default_value = "10000x10")]
     pub e2e_size: String,
@@ -160,6 +163,7 @@ impl BenchArgs {
             rulesets: self.rulesets.clone(),
             settle: Duration::ZERO,
             no_e2e: self.no_e2e,
+            e2e_phases: self.e2e_phases.clone(),
             e2e_size: "1000x10".into(),
             change_sizes: vec!["1000x10".into()],
             e2e_changes: 6,
@@ -178,6 +182,7 @@ impl BenchArgs {
 
     fn e2e_plan(&self) -> Result<e2e::Plan, BenchError> {
         Ok(e2e::Plan {
+            phases: self.e2e_phases.clone(),
             start: parse_size(&self.e2e_size)?,
             changes: self
                 .change_sizes
@@ -233,7 +238,12 @@ pub fn run(args: &BenchArgs) -> Result<(), BenchError> {
     }
     if !args.no_churn {
         let plan = args.churn_plan()?;
-        eprintln!("bench: churn at {}, {} updates/s for {}", plan.size, plan.rate, humantime::format_duration(plan.duration));
+        eprintln!(
+            "bench: churn at {}, {} updates/s for {}",
+            plan.size,
+            plan.rate,
+            humantime::format_duration(plan.duration)
+        );
         let churn = churn::run(&plan)?;
         print!("{}", churn::tables(&churn));
         if args.quick && (churn.probe_failed > 0 || churn.unprogrammed > 0 || churn.probe_ok == 0) {

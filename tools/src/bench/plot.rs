@@ -17,7 +17,10 @@ pub fn churn(path: &Path, result: &ChurnResult, samples: &[(f64, f64, f64)]) -> 
     let root = SVGBackend::new(path, (900, 900)).into_drawing_area();
     root.fill(&WHITE).map_err(failed)?;
     let title = result.plan.as_ref().map_or_else(String::new, |p| {
-        format!("nftproxy run, {} services × {} endpoints, {} endpoint updates/s", p.size.services, p.size.endpoints, p.rate)
+        format!(
+            "nftproxy run, {} services × {} endpoints, {} endpoint updates/s",
+            p.size.services, p.size.endpoints, p.rate
+        )
     });
     let root = root.titled(&title, ("sans-serif", 20)).map_err(failed)?;
     let panels = root.split_evenly((3, 1));
@@ -27,7 +30,9 @@ pub fn churn(path: &Path, result: &ChurnResult, samples: &[(f64, f64, f64)]) -> 
         .minutes
         .iter()
         .enumerate()
-        .map(|(m, row)| (m as f64 + 1.0, row.latency_p50.as_secs_f64() * 1000.0, row.latency_p99.as_secs_f64() * 1000.0))
+        .map(|(m, row)| {
+            (m as f64 + 1.0, row.latency_p50.as_secs_f64() * 1000.0, row.latency_p99.as_secs_f64() * 1000.0)
+        })
         .collect();
     let top = latency.iter().map(|l| l.2).fold(0.0, f64::max).max(1.0) * 1.15;
     let mut chart = ChartBuilder::on(&panels[0])
@@ -50,10 +55,9 @@ pub fn churn(path: &Path, result: &ChurnResult, samples: &[(f64, f64, f64)]) -> 
         .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], RED));
     chart.configure_series_labels().border_style(BLACK).draw().map_err(failed)?;
 
-    for (panel, caption, pick) in [
-        (&panels[1], "CPU (% of one core)", 1usize),
-        (&panels[2], "resident memory (MiB)", 2usize),
-    ] {
+    for (panel, caption, pick) in
+        [(&panels[1], "CPU (% of one core)", 1usize), (&panels[2], "resident memory (MiB)", 2usize)]
+    {
         let value = |s: &(f64, f64, f64)| if pick == 1 { s.1 } else { s.2 };
         let top = samples.iter().map(value).fold(0.0, f64::max).max(1.0) * 1.15;
         let mut chart = ChartBuilder::on(panel)

@@ -258,7 +258,8 @@ fn nft_file(args: &WorkerArgs) -> Result<WorkerReport, BenchError> {
 }
 
 fn measure(args: &WorkerArgs) -> Result<super::agent::Cost, BenchError> {
-    let (program, rest) = args.command.split_first().ok_or_else(|| BenchError::Worker("measure needs a command".into()))?;
+    let (program, rest) =
+        args.command.split_first().ok_or_else(|| BenchError::Worker("measure needs a command".into()))?;
     let started = Instant::now();
     let out = Command::new(program)
         .args(rest)
