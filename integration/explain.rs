@@ -189,7 +189,9 @@ fn explain_tells_the_story_and_plans_offline_alike() {
     }
     let lab = ClusterLab::new();
     let yaml = services();
-    lab.sync(&yaml);
+    // A running proxy owns its tables: explain reads them all the same.
+    let manifests = lab.write("cluster.yaml", &yaml);
+    let _proxy = lab.run_proxy(&manifests, &[]);
     let out = lab.nftproxy(&["explain", "--src", CLIENT_IP, "--dst", "10.96.0.10:80"]);
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));

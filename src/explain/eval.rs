@@ -328,7 +328,10 @@ impl<'a> Evaluator<'a> {
                     } else {
                         match self.numgen_choices(*modulus, *offset, &exprs[i..]) {
                             Some(choices) => {
-                                let share = format!("numgen random mod {modulus}");
+                                let share = match offset {
+                                    0 => format!("numgen random mod {modulus}"),
+                                    o => format!("numgen random mod {modulus} offset {o}"),
+                                };
                                 for (value, part) in choices {
                                     let mut r = regs.clone();
                                     if r.write(*dreg, &value.to_ne_bytes()).is_none() {

@@ -333,7 +333,7 @@ fn masquerade_reason(path: &[Step], masquerade: bool, verdict: Verdict) -> Optio
     let step = path.iter().find(|s| s.action.contains(&asked))?;
     let comment = step.comment.as_deref().unwrap_or_default();
     let why = if comment.contains("from outside the cluster") {
-        "the source is outside the cluster CIDR (ClusterIP traffic from outside the cluster)"
+        "the source is outside the cluster CIDR"
     } else if comment == "hairpin" {
         "hairpin: the endpoint is the client itself"
     } else if comment.contains("local traffic") {

@@ -284,7 +284,7 @@ pub(crate) fn to_text(e: &Explanation) -> String {
     }
     let mut reasons: Vec<&str> = Vec::new();
     for o in &e.outcomes {
-        for r in [Some(o.reason.as_str()), o.masquerade_reason.as_deref().map(|m| m)].into_iter().flatten() {
+        for r in [Some(o.reason.as_str()), o.masquerade_reason.as_deref()].into_iter().flatten() {
             if !r.is_empty() && !reasons.contains(&r) {
                 reasons.push(r);
             }
