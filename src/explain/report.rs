@@ -305,7 +305,10 @@ pub(crate) fn to_text(e: &Explanation) -> String {
     }
     let updates: Vec<&String> = e.outcomes.iter().flat_map(|o| o.affinity_updates.iter()).collect();
     if !updates.is_empty() {
-        let _ = writeln!(out, "affinity: the source is remembered in the chosen endpoint's set (@{})", updates[0]);
+        let _ = writeln!(
+            out,
+            "affinity: the chosen endpoint's affinity set (updated as in the path) then sends this source's next connections to it"
+        );
     }
     for n in notes(e) {
         let _ = writeln!(out, "note: {n}");
