@@ -10,6 +10,7 @@ mod check;
 mod clusterip;
 mod conntrack;
 mod deploy;
+mod explain;
 mod external;
 mod fuzz;
 mod kube;

@@ -56,6 +56,11 @@ pub enum Command {
     /// table it adds is removed when it exits, however it ends. Exit status 1 when no packet
     /// matched.
     Trace(TraceArgs),
+    /// Tell what nftproxy's ruleset does to one new connection, without sending a packet: every
+    /// base chain, rule and map element it matches, then the outcome (DNAT to which endpoints
+    /// with which share, masquerade or not and why, or why it is dropped or rejected). Reads
+    /// the ruleset the kernel holds here, or with --manifests plans it offline.
+    Explain(ExplainArgs),
     /// Print what a running `nftproxy run` programmed, from its `/debug/services` on the
     /// metrics address: every service port with its addresses and the endpoints each policy
     /// uses here, left-out services and objects, and the last sync.
@@ -439,6 +444,124 @@ impl TraceArgs {
     }
 }
 
+/// `explain` options.
+#[derive(Debug, Args)]
+pub struct ExplainArgs {
+    /// The connection's source address, and port if given (`10.244.1.10`, `[fd00::1]:40000`).
+    #[arg(long, value_name = "IP[:PORT]")]
+    pub src: String,
+    /// The connection's destination (`10.96.0.10:80`, `[fd00:96::10]:80`).
+    #[arg(long, value_name = "IP:PORT")]
+    pub dst: String,
+    /// tcp, udp or sctp.
+    #[arg(long, value_name = "PROTO", default_value = "tcp")]
+    pub proto: String,
+    /// The connection starts on the node itself (entering at output, not prerouting).
+    #[arg(long)]
+    pub local: bool,
+    /// The interface an arriving connection comes in on, for rules that match it
+    /// (--detect-local-mode BridgeInterface or InterfaceNamePrefix).
+    #[arg(long, value_name = "NAME", conflicts_with = "local")]
+    pub iif: Option<String>,
+    /// Evaluate the ruleset planned from these manifests and the proxy flags (offline) instead
+    /// of the one the kernel holds here.
+    #[arg(long, value_name = "PATH")]
+    pub manifests: Option<PathBuf>,
+    /// Output format.
+    #[arg(long, value_name = "FORMAT", default_value = "text")]
+    pub output: CheckOutput,
+    #[command(flatten)]
+    pub proxy: ProxyArgs,
+}
+
+/// The source port of a connection when `--src` has none (any ephemeral port: nftproxy's rules
+/// never look at it).
+const EXPLAIN_SOURCE_PORT: u16 = 40000;
+
+impl ExplainArgs {
+    /// The connection, checked.
+    fn connection(&self) -> Result<crate::explain::Connection, CliError> {
+        let invalid = |flag: &'static str, value: &str, why: &str| CliError::Invalid {
+            flag,
+            value: value.to_string(),
+            why: why.to_string(),
+        };
+        let src = self.src.trim();
+        let (source, source_port) = match (src.parse::<std::net::SocketAddr>(), src.parse::<IpAddr>()) {
+            (Ok(a), _) => (a.ip(), a.port()),
+            (_, Ok(ip)) => (ip, EXPLAIN_SOURCE_PORT),
+            _ => return Err(invalid("--src", src, "expected IP or IP:PORT ([IPv6]:PORT)")),
+        };
+        let dst = self.dst.trim();
+        let destination =
+            dst.parse::<std::net::SocketAddr>().map_err(|_| invalid("--dst", dst, "expected IP:PORT ([IPv6]:PORT)"))?;
+        let protocol = match self.proto.trim().to_ascii_lowercase().as_str() {
+            "tcp" => 6,
+            "udp" => 17,
+            "sctp" => 132,
+            other => return Err(invalid("--proto", other, "expected tcp, udp or sctp")),
+        };
+        Ok(crate::explain::Connection {
+            source,
+            source_port,
+            destination: destination.ip(),
+            destination_port: destination.port(),
+            protocol,
+            local: self.local,
+            input_interface: self.iif.clone(),
+        })
+    }
+}
+
+/// `nftproxy explain`: evaluates the connection and prints the explanation.
+fn explain(args: &ExplainArgs) -> Result<(), CliError> {
+    let connection = args.connection()?;
+    let table = args.proxy.table.table.clone();
+    let (ruleset, locals, origin) = match &args.manifests {
+        Some(path) => {
+            let config = args.proxy.config()?;
+            let state = load_state(&ManifestArgs { manifests: path.clone(), proxy: args.proxy.clone() }, &config)?;
+            let targets = crate::nodeaddr::resolve(&config.nodeport_addresses, state.node());
+            let planned = plan(&PlanInput {
+                config: &config,
+                state: &state,
+                nodeports_v4: &targets.v4,
+                nodeports_v6: &targets.v6,
+            });
+            // Offline, the node's addresses are the Node's and the node-port addresses; a
+            // connection from the node starts at one of them.
+            let mut locals: Vec<IpAddr> = state.node().map(|n| n.internal_ips.clone()).unwrap_or_default();
+            for targets in [&targets.v4, &targets.v6] {
+                if let crate::plan::NodePorts::Addresses(ips) = targets {
+                    locals.extend(ips.iter().copied());
+                }
+            }
+            if connection.local {
+                locals.push(connection.source);
+            }
+            (crate::nft::lower::lower_ruleset(&planned.ruleset), locals, "manifests")
+        }
+        None => {
+            let mut kernel = Kernel::open()?;
+            let names: Vec<(crate::net::IpFamily, &str)> =
+                crate::net::IpFamily::ALL.iter().map(|f| (*f, table.as_str())).collect();
+            // A running `nftproxy run` owns its tables: looking is allowed all the same.
+            let ruleset = kernel.inspect(&names)?;
+            let locals = crate::nodeaddr::local_addresses().into_iter().map(|(_, a)| a).collect();
+            (ruleset, locals, "kernel")
+        }
+    };
+    let surroundings = crate::explain::LocalAddresses(locals);
+    let explanation = crate::explain::explain(&ruleset, &table, origin, &surroundings, &connection)?;
+    match args.output {
+        CheckOutput::Text => print!("{}", crate::explain::report::to_text(&explanation)),
+        CheckOutput::Json => {
+            println!("{}", crate::explain::report::to_json(&explanation).map_err(CliError::ReportJson)?)
+        }
+    }
+    Ok(())
+}
+
 /// `status` options.
 #[derive(Debug, Args)]
 pub struct StatusArgs {
@@ -513,7 +636,7 @@ pub enum CliError {
     Tool(#[from] crate::tools::ToolError),
     #[error("cannot write the output: {0}")]
     Output(#[source] std::io::Error),
-    #[error("cannot encode the check report as JSON: {0}")]
+    #[error("cannot encode the report as JSON: {0}")]
     ReportJson(#[source] serde_json::Error),
     #[error("invalid {flag} {value:?}: expected IP:PORT")]
     Address { flag: &'static str, value: String },
@@ -525,6 +648,8 @@ pub enum CliError {
     Trace(#[from] crate::trace::TraceError),
     #[error(transparent)]
     Status(#[from] crate::status::StatusError),
+    #[error(transparent)]
+    Explain(#[from] crate::explain::ExplainError),
 }
 
 fn parse_logging_format(s: &str) -> Result<LoggingFormat, String> {
@@ -763,6 +888,7 @@ fn execute(cli: Cli, matches: Option<&clap::ArgMatches>) -> Result<(), CliError>
             crate::trace::trace(&options, &mut stdout.lock())?;
             Ok(())
         }
+        Command::Explain(args) => explain(&args),
         Command::Status(args) => {
             let address = bind_address("--metrics-address", &args.metrics_address)?
                 .ok_or(CliError::Address { flag: "--metrics-address", value: args.metrics_address.clone() })?;

@@ -14,6 +14,7 @@ mod check;
 pub mod cli;
 pub mod config;
 mod conntrack;
+mod explain;
 mod health;
 pub mod index;
 mod metrics;

@@ -26,18 +26,38 @@ pub(super) fn a(attr: u32) -> u16 {
 /// Reads table `name` of `family`, or `None` if it does not exist. A table another live process
 /// owns is an error ([`NetlinkError::OwnedElsewhere`]): every change to it would be refused.
 pub(super) fn read_table(sock: &mut Socket, family: IpFamily, name: &str) -> Result<Option<WireTable>, NetlinkError> {
-    read(sock, family, name, true)
+    read(sock, family, name, Reading::Claiming)
+}
+
+/// Reads all of table `name` of `family` whoever owns it, only to look at it (`nftproxy
+/// explain` evaluating what a running `nftproxy run` programmed).
+pub(super) fn inspect_table(
+    sock: &mut Socket,
+    family: IpFamily,
+    name: &str,
+) -> Result<Option<WireTable>, NetlinkError> {
+    read(sock, family, name, Reading::Looking)
 }
 
 /// Reads the sets and maps of table `name` of `family` (no chains or rules) whoever owns it,
 /// only to look at them (`nftproxy trace` naming what a running `nftproxy run` programmed).
 pub(super) fn inspect_sets(sock: &mut Socket, family: IpFamily, name: &str) -> Result<Option<WireTable>, NetlinkError> {
-    read(sock, family, name, false)
+    read(sock, family, name, Reading::SetsOnly)
 }
 
-/// Reads a table; `claiming`: the caller will change it (so another owner is an error), and
-/// wants its chains and rules too.
-fn read(sock: &mut Socket, family: IpFamily, name: &str, claiming: bool) -> Result<Option<WireTable>, NetlinkError> {
+/// What a read is for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Reading {
+    /// The caller will change the table (so another owner is an error): everything.
+    Claiming,
+    /// Only looking, whoever owns it: everything.
+    Looking,
+    /// Only looking, whoever owns it: the sets and maps.
+    SetsOnly,
+}
+
+/// Reads a table as `reading` asks.
+fn read(sock: &mut Socket, family: IpFamily, name: &str, reading: Reading) -> Result<Option<WireTable>, NetlinkError> {
     let fam = u16::try_from(nfproto(family)).unwrap_or(2);
 
     // The table itself (a plain GET; ENOENT means absent).
@@ -64,7 +84,7 @@ fn read(sock: &mut Socket, family: IpFamily, name: &str, claiming: bool) -> Resu
     let Some((flags, userdata, owner)) = table else { return Ok(None) };
     // Another live process owns the table: every change would be refused (EPERM), so say who
     // instead of planning against it. (The kernel drops the owner flag when its owner exits.)
-    if claiming
+    if reading == Reading::Claiming
         && flags & TABLE_F_OWNER != 0
         && let Some(port) = owner
         && port != sock.port_id()
@@ -75,7 +95,7 @@ fn read(sock: &mut Socket, family: IpFamily, name: &str, claiming: bool) -> Resu
 
     let mut wire =
         WireTable { family, name: name.to_string(), flags, userdata, sets: IndexMap::new(), chains: IndexMap::new() };
-    if claiming {
+    if reading != Reading::SetsOnly {
         read_chains(sock, fam, &mut wire)?;
         read_rules(sock, fam, &mut wire)?;
     }

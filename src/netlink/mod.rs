@@ -198,6 +198,18 @@ impl Kernel {
         }
         Ok(out)
     }
+
+    /// The named tables (those that exist), decoded as [`Netfilter::read`] does, also when
+    /// another process owns them: for looking only, never for planning changes.
+    pub(crate) fn inspect(&mut self, tables: &[(IpFamily, &str)]) -> Result<WireRuleset, NetlinkError> {
+        let mut out = WireRuleset::default();
+        for (family, name) in tables {
+            if let Some(t) = decode::inspect_table(&mut self.socket, *family, name)? {
+                out.tables.push(t);
+            }
+        }
+        Ok(out)
+    }
 }
 
 impl Kernel {

@@ -1,0 +1,711 @@
+//! An interpreter of nftables' register machine over one synthetic packet: the expressions of
+//! [`crate::nft::wire`] as the kernel runs them, rule by rule, chain by chain.
+//!
+//! Random choices (`numgen`) fork the evaluation: every value of a small modulus, or every
+//! window between the boundaries of the interval map the result is looked up in, each with its
+//! share of the modulus. Branches that end alike merge, so a chain of 16 `numgen` rules costs
+//! the sum of their moduli, not their product. Anything the interpreter does not model ends the
+//! branch as [`ChainEnd::Unknown`] naming the expression, chain and rule: it never guesses.
+
+use std::collections::BTreeMap;
+use std::net::IpAddr;
+
+use crate::net::IpFamily;
+use crate::nft::wire::consts::*;
+use crate::nft::wire::{LowExpr, PayloadBase, WireData, WireKey, WireSet, WireTable, udata};
+
+/// Moduli up to this are forked value by value; larger ones by the windows of the map.
+const ENUMERATED_MODULUS: u32 = 256;
+/// The kernel's `NFT_JUMP_STACK_SIZE`.
+const JUMP_STACK: usize = 16;
+/// Register file: 16 words of 32 bits (`NFT_REG32_00` … `NFT_REG32_15`).
+const REGISTER_BYTES: usize = 64;
+
+/// The connection being explained, as its packet looks at the current hook.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Packet {
+    pub(crate) family: IpFamily,
+    pub(crate) saddr: IpAddr,
+    pub(crate) daddr: IpAddr,
+    pub(crate) sport: u16,
+    pub(crate) dport: u16,
+    /// IANA protocol number.
+    pub(crate) proto: u8,
+    pub(crate) mark: u32,
+    /// The input interface: `Some("")` where there is none (output), `None` when not known.
+    pub(crate) iif: Option<String>,
+}
+
+/// What the interpreter needs from the machine around the packet.
+pub(crate) trait Surroundings {
+    /// Whether `address` is one of this node's (`fib … type local`).
+    fn is_local(&self, address: IpAddr) -> bool;
+}
+
+/// One matched rule on the packet's way.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Step {
+    /// `prerouting`, `input`, `forward`, `output`, `postrouting`.
+    pub(crate) hook: &'static str,
+    pub(crate) chain: String,
+    /// 1-based rule number in its chain; 0 for the chain's policy.
+    pub(crate) rule: usize,
+    /// The rule's comment.
+    pub(crate) comment: Option<String>,
+    /// Map and set elements the rule matched: (set, element comment).
+    pub(crate) elements: Vec<(String, Option<String>)>,
+    /// What the rule did, in nft words (`jump services`, `dnat to 10.0.0.1:80`).
+    pub(crate) action: String,
+}
+
+/// The state that travels with one branch of the evaluation.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Flow {
+    pub(crate) packet: Packet,
+    /// The hook being evaluated (for the path).
+    pub(crate) hook: &'static str,
+    /// Whether the connection was DNATed (`ct status dnat`).
+    pub(crate) dnatted: bool,
+    /// A DNAT set up at the current hook, applied once its chain is done.
+    pub(crate) dnat: Option<(IpAddr, Option<u16>)>,
+    pub(crate) masquerade: bool,
+    pub(crate) path: Vec<Step>,
+    /// Affinity sets the connection would be added to.
+    pub(crate) affinity_updates: Vec<String>,
+    /// Things the reader should know (affinity evaluated as a first connection, …).
+    pub(crate) notes: Vec<String>,
+}
+
+/// How a chain (or a whole evaluation) ended for one branch.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum ChainEnd {
+    /// Fell off the end or `return`: back to the caller (the policy, for a base chain).
+    Return,
+    Accept,
+    /// `drop` or `reject`.
+    Drop {
+        reject: bool,
+    },
+    /// An expression, chain or set the interpreter cannot evaluate.
+    Unknown(String),
+}
+
+/// One branch: its share of connections, its state and how it ended.
+pub(crate) type Branch = (f64, Flow, ChainEnd);
+
+/// How one rule ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum RuleEnd {
+    /// An expression did not match (`NFT_BREAK`).
+    NoMatch,
+    /// Every expression ran without a verdict (`NFT_CONTINUE`).
+    Continue,
+    Verdict(i32, Option<String>),
+    Unknown(String),
+}
+
+/// The register file of one rule evaluation.
+#[derive(Debug, Clone)]
+struct Registers {
+    verdict: Option<(i32, Option<String>)>,
+    data: [u8; REGISTER_BYTES],
+}
+
+/// Byte offset of a data register (`NFT_REG_1`…`4` are 16 bytes wide, `NFT_REG32_xx` 4).
+fn register_offset(reg: u32) -> Option<usize> {
+    let offset = match reg {
+        1..=4 => (reg - 1) * 16,
+        8..=23 => (reg - 8) * 4,
+        _ => return None,
+    };
+    usize::try_from(offset).ok()
+}
+
+impl Registers {
+    fn new() -> Registers {
+        Registers { verdict: None, data: [0; REGISTER_BYTES] }
+    }
+
+    fn read(&self, reg: u32, len: usize) -> Option<&[u8]> {
+        let start = register_offset(reg)?;
+        self.data.get(start..start + len)
+    }
+
+    /// Stores `bytes` and zeroes the rest of the last word, as the kernel's loads do.
+    fn write(&mut self, reg: u32, bytes: &[u8]) -> Option<()> {
+        let start = register_offset(reg)?;
+        let padded = bytes.len().div_ceil(4) * 4;
+        let slot = self.data.get_mut(start..start + padded)?;
+        slot.fill(0);
+        slot[..bytes.len()].copy_from_slice(bytes);
+        Some(())
+    }
+}
+
+fn address_bytes(a: IpAddr) -> Vec<u8> {
+    match a {
+        IpAddr::V4(a) => a.octets().to_vec(),
+        IpAddr::V6(a) => a.octets().to_vec(),
+    }
+}
+
+fn address_from(bytes: &[u8]) -> Option<IpAddr> {
+    match bytes.len() {
+        4 => Some(IpAddr::from(<[u8; 4]>::try_from(bytes).ok()?)),
+        16 => Some(IpAddr::from(<[u8; 16]>::try_from(bytes).ok()?)),
+        _ => None,
+    }
+}
+
+/// `ip:port`, IPv6 in brackets.
+pub(crate) fn socket_text(address: IpAddr, port: Option<u16>) -> String {
+    match (address, port) {
+        (IpAddr::V6(a), Some(p)) => format!("[{a}]:{p}"),
+        (a, Some(p)) => format!("{a}:{p}"),
+        (a, None) => a.to_string(),
+    }
+}
+
+fn verdict_text(code: i32, chain: Option<&str>) -> String {
+    match (code, chain) {
+        (VERDICT_ACCEPT, _) => "accept".into(),
+        (VERDICT_DROP, _) => "drop".into(),
+        (VERDICT_RETURN, _) => "return".into(),
+        (VERDICT_JUMP, Some(c)) => format!("jump {c}"),
+        (VERDICT_GOTO, Some(c)) => format!("goto {c}"),
+        (code, _) => format!("verdict {code}"),
+    }
+}
+
+/// The comment of a userdata blob.
+pub(crate) fn comment_of(userdata: Option<&[u8]>, kind: u8) -> Option<String> {
+    userdata.and_then(|u| udata::find_comment(u, kind))
+}
+
+/// The element a key selects: the exact key, or for an interval set the range holding it.
+fn find_element<'s>(set: &'s WireSet, key: &[u8]) -> Option<(&'s WireKey, &'s crate::nft::wire::WireElement)> {
+    if set.spec.is_interval() {
+        // The greatest boundary at or below the key: inside a range when it is a start.
+        let (k, e) = set.elements.range(..=WireKey::new(key)).next_back()?;
+        (!k.interval_end && k.bytes.len() == key.len()).then_some((k, e))
+    } else {
+        set.elements.get_key_value(&WireKey::new(key))
+    }
+}
+
+/// The interpreter over one table.
+pub(crate) struct Evaluator<'a> {
+    table: &'a WireTable,
+    surroundings: &'a dyn Surroundings,
+}
+
+impl<'a> Evaluator<'a> {
+    /// An interpreter of `table`'s chains.
+    pub(crate) fn new(table: &'a WireTable, surroundings: &'a dyn Surroundings) -> Evaluator<'a> {
+        Evaluator { table, surroundings }
+    }
+
+    /// Runs a chain from its first rule; a base chain's policy applies when it returns.
+    pub(crate) fn chain(&self, flow: Flow, name: &str) -> Vec<Branch> {
+        let mut out = Vec::new();
+        self.run_chain(1.0, flow, name, 0, 0, &mut out);
+        let Some(chain) = self.table.chains.get(name) else { return out };
+        if let Some(hook) = &chain.hook {
+            for branch in &mut out {
+                if branch.2 == ChainEnd::Return {
+                    branch.2 =
+                        if hook.policy == POLICY_ACCEPT { ChainEnd::Accept } else { ChainEnd::Drop { reject: false } };
+                }
+            }
+        }
+        merge(out)
+    }
+
+    /// Runs `name` from rule index `start`, pushing every branch's end to `out`.
+    fn run_chain(&self, weight: f64, mut flow: Flow, name: &str, start: usize, depth: usize, out: &mut Vec<Branch>) {
+        let Some(chain) = self.table.chains.get(name) else {
+            out.push((weight, flow, ChainEnd::Unknown(format!("chain {name} is not in table {}", self.table.name))));
+            return;
+        };
+        if depth > JUMP_STACK {
+            out.push((weight, flow, ChainEnd::Unknown(format!("more than {JUMP_STACK} nested jumps at chain {name}"))));
+            return;
+        }
+        for index in start..chain.rules.len() {
+            let mut results = self.rule(flow.clone(), name, index);
+            // Most rules do not fork: carry on in this loop rather than recursing.
+            if results.len() == 1 && matches!(results[0].2, RuleEnd::NoMatch | RuleEnd::Continue) {
+                let (share, next, _) = results.remove(0);
+                if (share - 1.0).abs() < f64::EPSILON {
+                    flow = next;
+                    continue;
+                }
+            }
+            for (share, next, end) in results {
+                let weight = weight * share;
+                match end {
+                    RuleEnd::NoMatch | RuleEnd::Continue => self.run_chain(weight, next, name, index + 1, depth, out),
+                    RuleEnd::Unknown(why) => out.push((weight, next, ChainEnd::Unknown(why))),
+                    RuleEnd::Verdict(code, target) => match (code, target) {
+                        (VERDICT_ACCEPT, _) => out.push((weight, next, ChainEnd::Accept)),
+                        (VERDICT_DROP, target) => {
+                            let reject = target.as_deref() == Some(REJECTED);
+                            out.push((weight, next, ChainEnd::Drop { reject }))
+                        }
+                        (VERDICT_RETURN, _) => out.push((weight, next, ChainEnd::Return)),
+                        (VERDICT_JUMP, Some(target)) => {
+                            let mut called = Vec::new();
+                            self.run_chain(weight, next, &target, 0, depth + 1, &mut called);
+                            for (w, f, end) in merge(called) {
+                                match end {
+                                    ChainEnd::Return => self.run_chain(w, f, name, index + 1, depth, out),
+                                    other => out.push((w, f, other)),
+                                }
+                            }
+                        }
+                        // The target's return goes to this chain's caller.
+                        (VERDICT_GOTO, Some(target)) => self.run_chain(weight, next, &target, 0, depth + 1, out),
+                        (code, _) => out.push((
+                            weight,
+                            next,
+                            ChainEnd::Unknown(format!("verdict code {code} in chain {name} rule {}", index + 1)),
+                        )),
+                    },
+                }
+            }
+            return;
+        }
+        out.push((weight, flow, ChainEnd::Return));
+    }
+
+    /// Evaluates rule `index` of chain `chain`: every fork of it, alike ones merged.
+    fn rule(&self, flow: Flow, chain: &str, index: usize) -> Vec<(f64, Flow, RuleEnd)> {
+        let Some(rule) = self.table.chains.get(chain).and_then(|c| c.rules.get(index)) else {
+            return vec![(1.0, flow, RuleEnd::Unknown(format!("no rule {} in chain {chain}", index + 1)))];
+        };
+        let step = Step {
+            hook: flow.hook,
+            chain: chain.to_string(),
+            rule: index + 1,
+            comment: comment_of(rule.userdata.as_deref(), udata::COMMENT),
+            elements: Vec::new(),
+            action: String::new(),
+        };
+        let mut out = Vec::new();
+        let at = Position { chain, rule: index + 1 };
+        self.exprs(&rule.exprs, 0, Registers::new(), flow, step, 1.0, at, &mut out);
+        let mut merged: Vec<(f64, Flow, RuleEnd)> = Vec::new();
+        for (w, f, end) in out {
+            match merged.iter_mut().find(|(_, g, e)| *g == f && *e == end) {
+                Some(m) => m.0 += w,
+                None => merged.push((w, f, end)),
+            }
+        }
+        merged
+    }
+
+    /// Runs `exprs[i..]`; pushes each fork's end to `out`.
+    #[allow(clippy::too_many_arguments)]
+    fn exprs(
+        &self,
+        exprs: &[LowExpr],
+        mut i: usize,
+        mut regs: Registers,
+        mut flow: Flow,
+        mut step: Step,
+        weight: f64,
+        at: Position<'_>,
+        out: &mut Vec<(f64, Flow, RuleEnd)>,
+    ) {
+        let unknown =
+            |what: String| RuleEnd::Unknown(format!("cannot evaluate {what} in chain {} rule {}", at.chain, at.rule));
+        while let Some(expr) = exprs.get(i) {
+            i += 1;
+            let outcome = match expr {
+                LowExpr::Numgen { dreg, modulus, kind, offset } => {
+                    if *kind != NG_RANDOM || *modulus == 0 {
+                        Err(unknown(format!("{expr:?}")))
+                    } else {
+                        match self.numgen_choices(*modulus, *offset, &exprs[i..]) {
+                            Some(choices) => {
+                                let share = match offset {
+                                    0 => format!("numgen random mod {modulus}"),
+                                    o => format!("numgen random mod {modulus} offset {o}"),
+                                };
+                                for (value, part) in choices {
+                                    let mut r = regs.clone();
+                                    if r.write(*dreg, &value.to_ne_bytes()).is_none() {
+                                        out.push((weight, flow.clone(), unknown(format!("{expr:?}"))));
+                                        return;
+                                    }
+                                    let mut s = step.clone();
+                                    if !s.action.contains(&share) {
+                                        s.action = append(&s.action, &share);
+                                    }
+                                    self.exprs(exprs, i, r, flow.clone(), s, weight * part, at, out);
+                                }
+                                return;
+                            }
+                            None => Err(unknown(format!(
+                                "numgen random mod {modulus} (not followed by a lookup in an interval map)"
+                            ))),
+                        }
+                    }
+                }
+                other => self.expr(other, &mut regs, &mut flow, &mut step),
+            };
+            match outcome {
+                Ok(None) => {}
+                Ok(Some(end)) => {
+                    let end = match end {
+                        RuleEnd::Unknown(what) => unknown(what),
+                        e => e,
+                    };
+                    if end != RuleEnd::NoMatch {
+                        flow.path.push(step);
+                    }
+                    out.push((weight, flow, end));
+                    return;
+                }
+                Err(end) => {
+                    out.push((weight, flow, end));
+                    return;
+                }
+            }
+            if regs.verdict.is_some() {
+                break;
+            }
+        }
+        let end = match regs.verdict.take() {
+            Some((code, chain)) => {
+                step.action = append(&step.action, &verdict_text(code, chain.as_deref()));
+                RuleEnd::Verdict(code, chain)
+            }
+            None => RuleEnd::Continue,
+        };
+        flow.path.push(step);
+        out.push((weight, flow, end));
+    }
+
+    /// The values a `numgen` result is forked over, with their shares: every value of a small
+    /// modulus; for a large one, one value per window between the boundaries of the interval
+    /// map the rule looks the result up in (all values of a window select the same element).
+    fn numgen_choices(&self, modulus: u32, offset: u32, rest: &[LowExpr]) -> Option<Vec<(u32, f64)>> {
+        let total = f64::from(modulus);
+        if modulus <= ENUMERATED_MODULUS {
+            return Some((0..modulus).map(|v| (offset.wrapping_add(v), 1.0 / total)).collect());
+        }
+        let set = rest.iter().find_map(|e| match e {
+            LowExpr::Lookup { set, .. } => Some(set),
+            _ => None,
+        })?;
+        let set = self.table.sets.get(set)?;
+        if !set.spec.is_interval() || set.spec.key_len != 4 {
+            return None;
+        }
+        let end = u64::from(offset) + u64::from(modulus);
+        let mut bounds: Vec<u64> = set
+            .elements
+            .keys()
+            .filter_map(|k| <[u8; 4]>::try_from(k.bytes.as_slice()).ok())
+            .map(|b| u64::from(u32::from_be_bytes(b)))
+            .filter(|v| *v > u64::from(offset) && *v < end)
+            .collect();
+        bounds.push(u64::from(offset));
+        bounds.push(end);
+        bounds.sort_unstable();
+        bounds.dedup();
+        Some(
+            bounds.windows(2).filter_map(|w| Some((u32::try_from(w[0]).ok()?, (w[1] - w[0]) as f64 / total))).collect(),
+        )
+    }
+
+    /// Runs one expression. `Ok(None)`: go on; `Ok(Some(end))`: the rule ends.
+    fn expr(
+        &self,
+        expr: &LowExpr,
+        regs: &mut Registers,
+        flow: &mut Flow,
+        step: &mut Step,
+    ) -> Result<Option<RuleEnd>, RuleEnd> {
+        let unknown = |what: String| Ok(Some(RuleEnd::Unknown(what)));
+        let cannot = || unknown(format!("{expr:?}"));
+        let p = &flow.packet;
+        match expr {
+            LowExpr::Payload { base, offset, len, dreg } => {
+                let field = match (base, p.family, offset, len) {
+                    (PayloadBase::Network, IpFamily::V4, 12, l @ 1..=4) => {
+                        address_bytes(p.saddr)[..*l as usize].to_vec()
+                    }
+                    (PayloadBase::Network, IpFamily::V4, 16, l @ 1..=4) => {
+                        address_bytes(p.daddr)[..*l as usize].to_vec()
+                    }
+                    (PayloadBase::Network, IpFamily::V6, 8, l @ 1..=16) => {
+                        address_bytes(p.saddr)[..*l as usize].to_vec()
+                    }
+                    (PayloadBase::Network, IpFamily::V6, 24, l @ 1..=16) => {
+                        address_bytes(p.daddr)[..*l as usize].to_vec()
+                    }
+                    (PayloadBase::Transport, _, 0, 2) => p.sport.to_be_bytes().to_vec(),
+                    (PayloadBase::Transport, _, 2, 2) => p.dport.to_be_bytes().to_vec(),
+                    _ => return cannot(),
+                };
+                if regs.write(*dreg, &field).is_none() {
+                    return cannot();
+                }
+            }
+            LowExpr::Meta { key, dreg } => {
+                let value = match *key {
+                    META_L4PROTO => vec![p.proto],
+                    META_MARK => p.mark.to_ne_bytes().to_vec(),
+                    META_IIFNAME => match &p.iif {
+                        Some(name) => {
+                            let mut b = name.as_bytes().to_vec();
+                            b.resize(16, 0);
+                            b
+                        }
+                        None => return unknown("meta iifname: the input interface is not known (give --iif)".into()),
+                    },
+                    _ => return cannot(),
+                };
+                if regs.write(*dreg, &value).is_none() {
+                    return cannot();
+                }
+            }
+            LowExpr::MetaSet { key: META_MARK, sreg } => {
+                let Some(bytes) = regs.read(*sreg, 4).and_then(|b| <[u8; 4]>::try_from(b).ok()) else {
+                    return cannot();
+                };
+                let mark = u32::from_ne_bytes(bytes);
+                step.action = append(&step.action, &format!("meta mark set {mark:#010x}"));
+                flow.packet.mark = mark;
+            }
+            LowExpr::Cmp { sreg, op, data } => {
+                let Some(value) = regs.read(*sreg, data.len()) else { return cannot() };
+                let equal = value == data.as_slice();
+                let matched = match *op {
+                    CMP_EQ => equal,
+                    CMP_NEQ => !equal,
+                    _ => return cannot(),
+                };
+                if !matched {
+                    return Ok(Some(RuleEnd::NoMatch));
+                }
+            }
+            LowExpr::Bitwise { sreg, dreg, len, mask, xor } => {
+                let len = *len as usize;
+                if mask.len() != len || xor.len() != len {
+                    return cannot();
+                }
+                let Some(value) = regs.read(*sreg, len) else { return cannot() };
+                let result: Vec<u8> = value.iter().zip(mask).zip(xor).map(|((v, m), x)| (v & m) ^ x).collect();
+                if regs.write(*dreg, &result).is_none() {
+                    return cannot();
+                }
+            }
+            LowExpr::Lookup { sreg, dreg, set, flags } => {
+                return self.lookup(*sreg, *dreg, set, *flags, regs, flow, step);
+            }
+            LowExpr::Verdict { code, chain } => regs.verdict = Some((*code, chain.clone())),
+            LowExpr::Immediate { dreg, data } => {
+                if *dreg == REG_VERDICT || regs.write(*dreg, data).is_none() {
+                    return cannot();
+                }
+            }
+            LowExpr::Byteorder { sreg, dreg, op, len, size } => {
+                let (len, size) = (*len as usize, *size as usize);
+                if ![2, 4, 8].contains(&size) || len % size != 0 {
+                    return cannot();
+                }
+                let Some(value) = regs.read(*sreg, len) else { return cannot() };
+                // Host order is little-endian on every machine nftproxy supports; both
+                // directions swap each word.
+                let _ = op;
+                let swapped: Vec<u8> = value
+                    .chunks(size)
+                    .flat_map(|c| {
+                        let mut c = c.to_vec();
+                        if cfg!(target_endian = "little") {
+                            c.reverse();
+                        }
+                        c
+                    })
+                    .collect();
+                if regs.write(*dreg, &swapped).is_none() {
+                    return cannot();
+                }
+            }
+            LowExpr::Fib { dreg, result: FIB_RESULT_ADDRTYPE, flags } => {
+                let address = match *flags {
+                    FIB_F_SADDR => p.saddr,
+                    FIB_F_DADDR => p.daddr,
+                    _ => return cannot(),
+                };
+                // RTN_UNICAST (1) for anything not local: nftproxy only asks "local or not".
+                let kind: u32 = if self.surroundings.is_local(address) { RTN_LOCAL } else { 1 };
+                if regs.write(*dreg, &kind.to_ne_bytes()).is_none() {
+                    return cannot();
+                }
+            }
+            LowExpr::Ct { key, dreg } => {
+                let bits = match *key {
+                    // The first packet of a new connection.
+                    CT_STATE => CT_STATE_NEW,
+                    CT_STATUS => {
+                        if flow.dnatted {
+                            CT_STATUS_DNAT
+                        } else {
+                            0
+                        }
+                    }
+                    _ => return cannot(),
+                };
+                if regs.write(*dreg, &bits.to_ne_bytes()).is_none() {
+                    return cannot();
+                }
+            }
+            LowExpr::Dynset { op: DYNSET_OP_UPDATE, sreg_key, set } => {
+                let Some(spec) = self.table.sets.get(set) else {
+                    return unknown(format!("set {set} is not in table {}", self.table.name));
+                };
+                if regs.read(*sreg_key, spec.spec.key_len as usize).is_none() {
+                    return cannot();
+                }
+                step.action = append(&step.action, &format!("update @{set}"));
+                flow.affinity_updates.push(set.clone());
+            }
+            LowExpr::Nat { kind: NAT_DNAT, family, reg_addr, reg_proto, flags: _ } => {
+                let width = match *family {
+                    2 => 4,
+                    10 => 16,
+                    _ => return cannot(),
+                };
+                let Some(address) = reg_addr.and_then(|r| regs.read(r, width)).and_then(address_from) else {
+                    return cannot();
+                };
+                let port = match reg_proto {
+                    Some(r) => match regs.read(*r, 2) {
+                        Some(b) => Some(u16::from_be_bytes([b[0], b[1]])),
+                        None => return cannot(),
+                    },
+                    None => None,
+                };
+                step.action = append(&step.action, &format!("dnat to {}", socket_text(address, port)));
+                flow.dnat = Some((address, port));
+                regs.verdict = Some((VERDICT_ACCEPT, None));
+                return Ok(Some(RuleEnd::Verdict(VERDICT_ACCEPT, None)));
+            }
+            LowExpr::Masq { .. } => {
+                step.action = append(&step.action, "masquerade");
+                flow.masquerade = true;
+                return Ok(Some(RuleEnd::Verdict(VERDICT_ACCEPT, None)));
+            }
+            LowExpr::Reject { .. } => {
+                step.action = append(&step.action, "reject");
+                return Ok(Some(RuleEnd::Verdict(VERDICT_DROP, Some(REJECTED.into()))));
+            }
+            LowExpr::Foreign(what) => return unknown(format!("a foreign expression ({what})")),
+            _ => return cannot(),
+        }
+        Ok(None)
+    }
+
+    /// `lookup`: a set match (perhaps inverted), or a map's data into a register or the verdict.
+    #[allow(clippy::too_many_arguments)]
+    fn lookup(
+        &self,
+        sreg: u32,
+        dreg: Option<u32>,
+        name: &str,
+        flags: u32,
+        regs: &mut Registers,
+        flow: &mut Flow,
+        step: &mut Step,
+    ) -> Result<Option<RuleEnd>, RuleEnd> {
+        let Some(set) = self.table.sets.get(name) else {
+            return Ok(Some(RuleEnd::Unknown(format!(
+                "a lookup in @{name}, which is not in table {}",
+                self.table.name
+            ))));
+        };
+        let Some(key) = regs.read(sreg, set.spec.key_len as usize).map(<[u8]>::to_vec) else {
+            return Ok(Some(RuleEnd::Unknown(format!("a lookup in @{name} (key of {} bytes)", set.spec.key_len))));
+        };
+        let found = find_element(set, &key);
+        if set.dynamic || set.spec.flags & SET_EVAL != 0 {
+            // The kernel fills these (affinity); their elements are not read back.
+            let note = format!("@{name} is filled by the kernel: evaluated as a first connection, with no entry");
+            if !flow.notes.contains(&note) {
+                flow.notes.push(note);
+            }
+        }
+        let inverted = flags & LOOKUP_F_INV != 0;
+        match (dreg, found) {
+            (None, found) => {
+                if found.is_some() == inverted {
+                    return Ok(Some(RuleEnd::NoMatch));
+                }
+                let comment = found.and_then(|(_, e)| comment_of(e.userdata.as_deref(), udata::COMMENT));
+                let sign = if inverted { "!= " } else { "" };
+                step.elements.push((name.to_string(), comment));
+                step.action = append(&step.action, &format!("{sign}@{name}"));
+            }
+            (Some(_), None) => return Ok(Some(RuleEnd::NoMatch)),
+            (Some(dreg), Some((_, element))) => {
+                let comment = comment_of(element.userdata.as_deref(), udata::COMMENT);
+                step.elements.push((name.to_string(), comment));
+                match (&element.data, dreg) {
+                    (WireData::Verdict { code, chain }, REG_VERDICT) => {
+                        step.action = append(&step.action, &format!("vmap @{name}"));
+                        regs.verdict = Some((*code, chain.clone()));
+                    }
+                    (WireData::Bytes(b), dreg) if dreg != REG_VERDICT => {
+                        step.action = append(&step.action, &format!("map @{name}"));
+                        if regs.write(dreg, b).is_none() {
+                            return Ok(Some(RuleEnd::Unknown(format!("map @{name} data into register {dreg}"))));
+                        }
+                    }
+                    _ => return Ok(Some(RuleEnd::Unknown(format!("map @{name}: its data does not fit the rule")))),
+                }
+            }
+        }
+        Ok(None)
+    }
+}
+
+/// The chain name a reject's verdict carries, to tell it from a plain drop.
+pub(crate) const REJECTED: &str = "\0reject";
+
+/// Where a rule is (for messages).
+#[derive(Debug, Clone, Copy)]
+struct Position<'c> {
+    chain: &'c str,
+    rule: usize,
+}
+
+fn append(action: &str, more: &str) -> String {
+    if action.is_empty() { more.to_string() } else { format!("{action}, {more}") }
+}
+
+/// Sums the shares of branches that ended alike.
+pub(crate) fn merge(branches: Vec<Branch>) -> Vec<Branch> {
+    let mut out: Vec<Branch> = Vec::new();
+    for (w, f, end) in branches {
+        match out.iter_mut().find(|(_, g, e)| *g == f && *e == end) {
+            Some(m) => m.0 += w,
+            None => out.push((w, f, end)),
+        }
+    }
+    out
+}
+
+/// Base chains of a table at `hook` (kernel number), by priority: (name, chain type, priority).
+pub(crate) fn base_chains(table: &WireTable, hook: u32) -> Vec<(String, String, i32)> {
+    let mut chains: BTreeMap<(i32, String), String> = BTreeMap::new();
+    for chain in table.chains.values() {
+        if let Some(h) = chain.hook.as_ref().filter(|h| h.hooknum == hook) {
+            chains.insert((h.priority, chain.name.clone()), h.chain_type.clone());
+        }
+    }
+    chains.into_iter().map(|((p, n), t)| (n, t, p)).collect()
+}
