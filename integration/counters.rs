@@ -124,3 +124,91 @@ fn connections_and_rejects_are_counted_per_service_port() {
     let listed = lab.listing();
     assert!(listed.contains("10.96.0.10 . tcp . 80 counter packets 25 bytes"), "{listed}");
 }
+
+/// The scrape cost at 10,000 services × 10 endpoints: `nftproxy run` programs the synthetic
+/// cluster in a namespace of its own, and `/metrics` is timed when it reads the kernel (the
+/// first scrape after the one-second cache) and when the cache answers. Printed, and bounded.
+#[test]
+fn scrape_cost_at_ten_thousand_services() {
+    if skip_unless_privileged() {
+        return;
+    }
+    use nftproxy_tools::cluster::{Size, write_yaml};
+    use nftproxy_tools::lab::{netns::Netns, traffic};
+    use std::time::Instant;
+
+    let size = Size { services: 10_000, endpoints: 10 };
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("cluster.yaml");
+    let mut file = std::io::BufWriter::new(std::fs::File::create(&path).unwrap());
+    write_yaml(size, &mut file).unwrap();
+    drop(file);
+    let ns = Netns::create("scrape").unwrap();
+    let log = std::fs::File::create(dir.path().join("proxy.log")).unwrap();
+    let child = ns
+        .command(env!("CARGO_BIN_EXE_nftproxy"))
+        .args(["run", "--manifests", path.to_str().unwrap(), "--hostname-override", "node1"])
+        .args(["--metrics-bind-address", METRICS, "--healthz-bind-address", "127.0.0.1:10256"])
+        .args(["--conntrack-max-per-core", "0"])
+        .stdout(std::process::Stdio::null())
+        .stderr(log)
+        .spawn()
+        .unwrap();
+    struct Kill(std::process::Child);
+    impl Drop for Kill {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+    let _proxy = Kill(child);
+    let get = |path: &'static str| {
+        let target = METRICS.parse().unwrap();
+        ns.run(move || {
+            let started = Instant::now();
+            traffic::http_get(target, path, Duration::from_secs(30)).map(|(code, body)| (code, body, started.elapsed()))
+        })
+        .unwrap()
+    };
+    // The first sync is done when every service port has its series.
+    let deadline = Instant::now() + Duration::from_secs(300);
+    let started = Instant::now();
+    loop {
+        if let Ok((200, body, _)) = get("/metrics")
+            && body.lines().filter(|l| l.starts_with("nftproxy_service_")).count() >= size.services
+        {
+            break;
+        }
+        let log = std::fs::read_to_string(dir.path().join("proxy.log")).unwrap_or_default();
+        assert!(Instant::now() < deadline, "no first sync:\n{log}");
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    println!("first sync of {size} seen on /metrics after {:?}", started.elapsed());
+
+    let mut read = Vec::new();
+    let mut cached = Vec::new();
+    let mut series = 0;
+    let mut bytes = 0;
+    for _ in 0..5 {
+        std::thread::sleep(Duration::from_millis(1100));
+        let (code, body, took) = get("/metrics").expect("scrape");
+        assert_eq!(code, 200);
+        read.push(took);
+        series = body.lines().filter(|l| l.starts_with("nftproxy_service_")).count();
+        bytes = body.len();
+        let (_, _, took) = get("/metrics").expect("cached scrape");
+        cached.push(took);
+    }
+    read.sort();
+    cached.sort();
+    println!(
+        "scrape at {size}: {series} per-service series, {bytes} bytes; reading the kernel: median {:?} (max {:?}); \
+         cached: median {:?}",
+        read[2], read[4], cached[2]
+    );
+    // Every service port has its series (the mix gives each one port).
+    assert!(series >= size.services, "{series} series");
+    // Bounded: well under a scrape interval, even unoptimised.
+    assert!(read[2] < Duration::from_secs(2), "scrape reading the kernel took {:?}", read[2]);
+    assert!(cached[2] < read[2], "the cache answers faster ({:?} vs {:?})", cached[2], read[2]);
+}
