@@ -9,6 +9,7 @@ mod common;
 mod check;
 mod clusterip;
 mod conntrack;
+mod counters;
 mod deploy;
 mod explain;
 mod external;

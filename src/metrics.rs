@@ -10,6 +10,8 @@
 //! family's rules took), and a failed transaction counts for every family it carried; the
 //! per-family counts (`no_local_endpoints`) are each family's own.
 
+pub(crate) mod service_counters;
+
 use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -121,8 +123,18 @@ pub(crate) struct Metrics {
 }
 
 impl Metrics {
-    /// A registry with every metric registered.
+    /// A registry with every metric registered but the per-service counters.
+    #[cfg(test)]
     pub(crate) fn new() -> Arc<Metrics> {
+        Self::build(None)
+    }
+
+    /// A registry with every metric registered, the per-service counters read from `source`.
+    pub(crate) fn with_service_counters(source: Box<dyn service_counters::CounterSource>) -> Arc<Metrics> {
+        Self::build(Some(service_counters::ServiceCounters::new(source)))
+    }
+
+    fn build(service_counters: Option<service_counters::ServiceCounters>) -> Arc<Metrics> {
         let mut registry = Registry::default();
         let m = Metrics {
             families: Mutex::new(vec![IpFamily::V4]),
@@ -252,6 +264,9 @@ impl Metrics {
             m.rejected_objects.clone(),
         );
         r.register("nftproxy_syncs", "Syncs, by reason and result", m.syncs.clone());
+        if let Some(collector) = service_counters {
+            r.register_collector(Box::new(collector));
+        }
         m.build_info.get_or_create(&build_labels()).set(1);
         Arc::new(Metrics { registry, ..m })
     }
@@ -652,9 +667,38 @@ mod tests {
         ("kubeproxy_conntrack_reconciler_deleted_entries_total", "counter", &["ip_family"], Buckets::None),
     ];
 
+    /// A kernel with a connection to `a/web:http` and a rejected one to `a/gone:http`.
+    #[derive(Debug)]
+    struct OneOfEach;
+
+    impl service_counters::CounterSource for OneOfEach {
+        fn read(&self) -> Result<Vec<crate::netlink::CountedElement>, crate::netlink::NetlinkError> {
+            let key = |ip: &str| {
+                let ip = ip.parse().expect("ip");
+                let key = [crate::nft::ast::Value::Addr(ip), Value::Proto(L4Proto::Tcp), Value::Port(80)];
+                crate::nft::lower::encode_key(&key).to_vec()
+            };
+            let element = |set: &str, ip: &str, comment: &str, verdict| crate::netlink::CountedElement {
+                family: IpFamily::V4,
+                set: set.into(),
+                key: key(ip),
+                comment: Some(comment.into()),
+                verdict,
+                packets: 1,
+            };
+            Ok(vec![
+                element("balanced-service-ips", "10.96.0.1", "a/web:http", None),
+                element("no-endpoint-services", "10.96.0.2", "a/gone:http", Some(-4)),
+            ])
+        }
+    }
+
+    use crate::net::L4Proto;
+    use crate::nft::ast::Value;
+
     /// A registry with a sample in every family.
     fn populated() -> Arc<Metrics> {
-        let m = Metrics::new();
+        let m = Metrics::with_service_counters(Box::new(OneOfEach));
         let no_local = vec![(IpFamily::V4, NoLocalEndpoints { internal: 1, external: 0 })];
         let mut sample = SyncSample {
             families: vec![IpFamily::V4, IpFamily::V6],
@@ -734,9 +778,28 @@ mod tests {
         assert_eq!(h("GET", "/livez", "").status, StatusCode::NOT_FOUND, "no /livez on the metrics port, as upstream");
     }
 
-    /// Per-service counters the dashboard already charts; they are added to the binary
-    /// separately. Exactly these may be referenced before the binary exports them.
-    const COMING: &[&str] = &["nftproxy_service_connections_total", "nftproxy_service_rejects_total"];
+    /// Metrics the dashboard may chart before the binary exports them: none now (the
+    /// per-service counters of issue 16 were the last).
+    const COMING: &[&str] = &[];
+
+    #[test]
+    fn per_service_counters_carry_the_dashboards_labels() {
+        let exported = families(&populated().encode());
+        let labels = |names: &[&str]| names.iter().map(|l| l.to_string()).collect::<BTreeSet<String>>();
+        let service = ["namespace", "service", "port", "protocol", "ip_family"];
+        let connections = &exported["nftproxy_service_connections_total"];
+        assert_eq!((connections.kind.as_str(), &connections.labels), ("counter", &labels(&service)));
+        let rejects = &exported["nftproxy_service_rejects_total"];
+        let with_reason: Vec<&str> = service.iter().copied().chain(["reason"]).collect();
+        assert_eq!((rejects.kind.as_str(), &rejects.labels), ("counter", &labels(&with_reason)));
+        let text = populated().encode();
+        assert!(
+            text.contains(
+                "nftproxy_service_connections_total{namespace=\"a\",service=\"web\",port=\"http\",protocol=\"TCP\",ip_family=\"IPv4\"} 1"
+            ),
+            "{text}"
+        );
+    }
 
     /// PromQL's functions, aggregations and keywords: the identifiers of a query that are not
     /// metrics.
@@ -872,7 +935,10 @@ mod tests {
                 }
             }
         }
-        assert_eq!(coming_used.len(), COMING.len(), "the dashboard charts the per-service counters");
+        assert_eq!(coming_used.len(), COMING.len(), "the dashboard charts every metric still coming");
+        for name in ["nftproxy_service_connections_total", "nftproxy_service_rejects_total"] {
+            assert!(queries.iter().any(|q| metric_names(q).contains(&name.to_string())), "the dashboard charts {name}");
+        }
         for what in ["Drift", "Left-out", "Network programming", "Rejected", "New connections", "Sync latency"] {
             assert!(panels.iter().any(|p| p["title"].as_str().is_some_and(|t| t.contains(what))), "{what} panel");
         }

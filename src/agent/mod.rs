@@ -334,7 +334,8 @@ pub(crate) fn run(settings: RunSettings) -> Result<(), RunError> {
     sysctls::apply_at_start_up(&settings.conntrack, &SysctlRoots::default());
 
     let health = ProxyHealth::new(settings.timing.sync_period * 2);
-    let metrics = Metrics::new();
+    let counters = crate::metrics::service_counters::KernelCounters::new(&settings.proxy.table);
+    let metrics = Metrics::with_service_counters(Box::new(counters));
     let limits = Limits::default();
 
     let (tx, rx) = mpsc::channel();

@@ -184,6 +184,7 @@ fn read_sets(sock: &mut Socket, fam: u16, wire: &mut WireTable) -> Result<(), Ne
             data_len,
             timeout_ms: s.get_u64(a(sys::NFTNL_SET_TIMEOUT)).filter(|t| *t != 0),
             userdata: s.get_data(a(sys::NFTNL_SET_USERDATA)),
+            counter: s.expr_names().iter().any(|n| n == "counter"),
         };
         // Anonymous sets belong to the rules that bind them; nftproxy never makes any.
         if name.starts_with("__") {

@@ -224,6 +224,9 @@ impl BatchWriter {
                     s.set_data(u16_attr(sys::NFTNL_SET_USERDATA), ud);
                 }
                 s.set_u32(u16_attr(sys::NFTNL_SET_ID), id);
+                if spec.counter {
+                    s.add_expr(raw::Expr::new("counter")?);
+                }
                 push(msg::NEWSET, NLM_F_CREATE, Object::Set(s), None);
             }
             OpKind::DeleteSet { set } => {

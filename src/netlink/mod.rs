@@ -2,6 +2,7 @@
 //! back. This module holds all of nftproxy's `unsafe` code (libnftnl calls and socket syscalls).
 
 pub(crate) mod conntrack;
+mod counters;
 mod decode;
 mod encode;
 pub mod fake;
@@ -27,6 +28,7 @@ use crate::nft::ast::Owner;
 use crate::nft::diff::{OpSink, OpTag, Transaction};
 use crate::nft::wire::WireRuleset;
 
+pub(crate) use counters::CountedElement;
 pub use fake::FakeNetfilter;
 pub(crate) use inventory::{BaseChainInfo, ChainInfo, ChainPolicy, RuleInfo, TableFamily, TableInfo};
 pub use inventory::{TABLE_F_OWNER, TABLE_F_PERSIST};
@@ -207,6 +209,22 @@ impl Kernel {
             if let Some(t) = decode::inspect_table(&mut self.socket, *family, name)? {
                 out.tables.push(t);
             }
+        }
+        Ok(out)
+    }
+}
+
+impl Kernel {
+    /// The element counters of the named sets and maps in the named tables (those that exist),
+    /// for the per-service metrics: reads only, also when another process owns the tables.
+    pub(crate) fn read_counters(
+        &mut self,
+        tables: &[(IpFamily, &str)],
+        sets: &[&str],
+    ) -> Result<Vec<CountedElement>, NetlinkError> {
+        let mut out = Vec::new();
+        for (family, name) in tables {
+            counters::read_counted(&mut self.socket, *family, name, sets, &mut out)?;
         }
         Ok(out)
     }

@@ -285,6 +285,30 @@ impl Set {
         // SAFETY: valid object; the returned buffer holds `len` bytes owned by the object.
         unsafe { copy_out(sys::nftnl_set_get_data(self.as_ptr(), attr, &mut len), len) }
     }
+    /// Hands an expression (`counter`) to the set, which frees it: the kernel clones the
+    /// set's expressions into each element added without its own.
+    pub(super) fn add_expr(&mut self, expr: Expr) {
+        let p = expr.into_raw();
+        // SAFETY: valid objects; the set takes ownership of the expression.
+        unsafe { sys::nftnl_set_add_expr(self.as_ptr(), p) };
+    }
+    /// The names of the set's expressions (`counter`), in order.
+    pub(super) fn expr_names(&self) -> Vec<String> {
+        unsafe extern "C" fn trampoline(e: *mut sys::nftnl_expr, data: *mut c_void) -> std::os::raw::c_int {
+            // SAFETY: `data` is the `Vec<String>` passed below, alive for the whole foreach.
+            let names = unsafe { &mut *data.cast::<Vec<String>>() };
+            if let Some(ptr) = NonNull::new(e) {
+                names.push(ExprRef { ptr, _rule: std::marker::PhantomData }.name());
+            }
+            0
+        }
+        let mut names: Vec<String> = Vec::new();
+        // SAFETY: valid set; the callback only reads each expression during the call.
+        unsafe {
+            sys::nftnl_set_expr_foreach(self.as_ptr(), Some(trampoline), (&mut names as *mut Vec<String>).cast());
+        }
+        names
+    }
     /// Hands an element to the set, which frees it.
     pub(super) fn add_elem(&mut self, elem: SetElem) {
         let p = elem.into_raw();
@@ -402,6 +426,10 @@ impl ExprRef<'_> {
         // SAFETY: valid expression.
         self.is_set(attr).then(|| unsafe { sys::nftnl_expr_get_u8(self.ptr.as_ptr(), attr) })
     }
+    pub(super) fn u64(&self, attr: u16) -> Option<u64> {
+        // SAFETY: valid expression.
+        self.is_set(attr).then(|| unsafe { sys::nftnl_expr_get_u64(self.ptr.as_ptr(), attr) })
+    }
     pub(super) fn str(&self, attr: u16) -> Option<String> {
         if !self.is_set(attr) {
             return None;
@@ -485,6 +513,35 @@ impl SetElemRef<'_> {
         }
         // SAFETY: valid element; NUL-terminated string owned by it.
         opt_str(unsafe { sys::nftnl_set_elem_get_str(self.ptr.as_ptr(), attr) })
+    }
+    /// The packets and bytes of the element's `counter` expression, if it has one.
+    pub(super) fn counter(&self) -> Option<(u64, u64)> {
+        unsafe extern "C" fn trampoline(e: *mut sys::nftnl_expr, data: *mut c_void) -> std::os::raw::c_int {
+            // SAFETY: `data` is the `Option` passed below, alive for the whole foreach.
+            let found = unsafe { &mut *data.cast::<Option<(u64, u64)>>() };
+            if let Some(ptr) = NonNull::new(e) {
+                let expr = ExprRef { ptr, _rule: std::marker::PhantomData };
+                if found.is_none() && expr.name() == "counter" {
+                    let attr = |a: u32| u16::try_from(a).unwrap_or(u16::MAX);
+                    *found = Some((
+                        expr.u64(attr(sys::NFTNL_EXPR_CTR_PACKETS)).unwrap_or(0),
+                        expr.u64(attr(sys::NFTNL_EXPR_CTR_BYTES)).unwrap_or(0),
+                    ));
+                }
+            }
+            0
+        }
+        let mut found: Option<(u64, u64)> = None;
+        // SAFETY: valid element borrowed from its set; the callback only reads each expression
+        // during the call.
+        unsafe {
+            sys::nftnl_set_elem_expr_foreach(
+                self.ptr.as_ptr(),
+                Some(trampoline),
+                (&mut found as *mut Option<(u64, u64)>).cast(),
+            );
+        }
+        found
     }
 }
 

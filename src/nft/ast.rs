@@ -432,6 +432,9 @@ pub struct Set {
     pub shape: SetShape,
     /// Element timeout in seconds (affinity sets).
     pub timeout_secs: Option<u32>,
+    /// `counter`: the kernel gives every element its own packet and byte counter, which a
+    /// lookup or map match on the element increments (the per-service counters, issue 16).
+    pub counter: bool,
     pub comment: Option<String>,
     pub elements: BTreeMap<Vec<Value>, Element>,
     pub owner: Owner,
@@ -440,7 +443,21 @@ pub struct Set {
 impl Set {
     /// An empty set.
     pub fn new(name: impl Into<String>, shape: SetShape, owner: Owner) -> Set {
-        Set { name: name.into(), shape, timeout_secs: None, comment: None, elements: BTreeMap::new(), owner }
+        Set {
+            name: name.into(),
+            shape,
+            timeout_secs: None,
+            counter: false,
+            comment: None,
+            elements: BTreeMap::new(),
+            owner,
+        }
+    }
+
+    /// Gives every element a counter (`counter` in the set's declaration).
+    pub fn with_counter(mut self) -> Set {
+        self.counter = true;
+        self
     }
 
     /// Sets the comment.

@@ -5,12 +5,14 @@
 //! element per line, and drops `#` comments (lines, and nft's `# progname` after an owned table's
 //! header) and the table flags `owner` and `persist` (ownership belongs
 //! to the running process, not to the planned ruleset; nft 1.0.6 prints `owner`/`persist` as a
-//! bare `flags`); everything else (every rule, every attribute line) must match exactly.
+//! bare `flags`) and the values of counters (`counter packets 3 bytes 180` reads as
+//! `counter packets 0 bytes 0`: traffic, not the ruleset, moves them); everything else (every rule, every attribute line) must match exactly.
 
 /// Canonical form of ruleset text.
 pub fn canonicalize(text: &str) -> String {
     let mut tables: Vec<String> = Vec::new();
-    let mut lines = text.lines().peekable();
+    let zeroed: Vec<String> = text.lines().map(counters_zeroed).collect();
+    let mut lines = zeroed.iter().map(String::as_str).peekable();
     while let Some(line) = lines.next() {
         // An owned table's header carries nft's `# progname …` comment.
         let trimmed = match line.trim().split_once(" { #") {
@@ -36,6 +38,31 @@ pub fn canonicalize(text: &str) -> String {
     }
     tables.sort();
     tables.concat()
+}
+
+/// The line with every `counter packets N bytes M` as `counter packets 0 bytes 0`.
+fn counters_zeroed(line: &str) -> String {
+    const COUNTER: &str = "counter packets ";
+    let mut out = String::with_capacity(line.len());
+    let mut rest = line;
+    while let Some(at) = rest.find(COUNTER) {
+        let (before, after) = rest.split_at(at + COUNTER.len());
+        out.push_str(before);
+        let digits = |s: &str| s.bytes().take_while(u8::is_ascii_digit).count();
+        let after = &after[digits(after)..];
+        match after.strip_prefix(" bytes ") {
+            Some(bytes) => {
+                out.push_str("0 bytes 0");
+                rest = &bytes[digits(bytes)..];
+            }
+            None => {
+                out.push('0');
+                rest = after;
+            }
+        }
+    }
+    out.push_str(rest);
+    out
 }
 
 /// A table's `flags` line without `owner` and `persist` (which belong to the running process);
@@ -140,6 +167,20 @@ fn push_element(out: &mut Vec<String>, raw: &str) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn counter_values_are_forgiven_but_a_missing_counter_is_not() {
+        let listed = "10.0.0.1 . tcp . 80 counter packets 12 bytes 720 comment \"a/b:http\" : goto x";
+        assert_eq!(
+            counters_zeroed(listed),
+            "10.0.0.1 . tcp . 80 counter packets 0 bytes 0 comment \"a/b:http\" : goto x"
+        );
+        let two = "a counter packets 1 bytes 2, b counter packets 33 bytes 44";
+        assert_eq!(counters_zeroed(two), "a counter packets 0 bytes 0, b counter packets 0 bytes 0");
+        assert_eq!(counters_zeroed("counter packets 7"), "counter packets 0");
+        let plain = "10.0.0.1 . tcp . 80 comment \"a/b:http\" : goto x";
+        assert_ne!(counters_zeroed(listed), counters_zeroed(plain));
+    }
 
     #[test]
     fn ownership_is_forgiven_but_a_dormant_table_is_not() {

@@ -342,8 +342,9 @@ fn concat_bytes(values: &[Value]) -> Bytes {
     buf
 }
 
-/// Set attributes per shape, exactly as nft 1.0.6 sends them.
-pub fn set_spec(shape: SetShape, timeout_secs: Option<u32>, comment: Option<&str>) -> WireSetSpec {
+/// Set attributes per shape, exactly as nft 1.0.6 sends them; `counter`: with the `counter`
+/// set expression.
+pub fn set_spec(shape: SetShape, timeout_secs: Option<u32>, comment: Option<&str>, counter: bool) -> WireSetSpec {
     let addr_type = |fam: IpFamily| match fam {
         IpFamily::V4 => (TYPE_IPADDR, 4),
         IpFamily::V6 => (TYPE_IP6ADDR, 16),
@@ -426,6 +427,7 @@ pub fn set_spec(shape: SetShape, timeout_secs: Option<u32>, comment: Option<&str
         data_len,
         timeout_ms: timeout_secs.map(|t| u64::from(t) * 1000),
         userdata: Some(ud),
+        counter,
     }
 }
 
@@ -480,7 +482,7 @@ impl Comments {
 pub fn lower_set(set: &Set) -> WireSet {
     WireSet {
         name: set.name.clone(),
-        spec: set_spec(set.shape, set.timeout_secs, set.comment.as_deref()),
+        spec: set_spec(set.shape, set.timeout_secs, set.comment.as_deref(), set.counter),
         elements: lower_elements(set.shape, &set.elements),
         dynamic: matches!(set.shape, SetShape::Affinity(_)),
         owner: set.owner.clone(),
@@ -608,21 +610,21 @@ mod tests {
 
     #[test]
     fn service_map_spec_matches_nft() {
-        let spec = set_spec(SetShape::ServiceVerdicts(IpFamily::V4), None, None);
+        let spec = set_spec(SetShape::ServiceVerdicts(IpFamily::V4), None, None, false);
         assert_eq!(spec.key_type, 0x730d);
         assert_eq!(spec.key_len, 12);
         assert_eq!(spec.data_type, Some(DATA_VERDICT));
-        let v6 = set_spec(SetShape::ServiceVerdicts(IpFamily::V6), None, None);
+        let v6 = set_spec(SetShape::ServiceVerdicts(IpFamily::V6), None, None, false);
         assert_eq!(v6.key_type, 0x830d);
         assert_eq!(v6.key_len, 24);
-        let targets = set_spec(SetShape::EndpointTargets(IpFamily::V4), None, None);
+        let targets = set_spec(SetShape::EndpointTargets(IpFamily::V4), None, None, false);
         assert_eq!((targets.data_type, targets.data_len), (Some(0x1cd), 8));
         assert_eq!(targets.userdata.as_ref().map(Vec::len), Some(100));
     }
 
     #[test]
     fn set_comment_follows_the_shape_udata() {
-        let spec = set_spec(SetShape::Addresses(IpFamily::V4), None, Some("Active ClusterIPs"));
+        let spec = set_spec(SetShape::Addresses(IpFamily::V4), None, Some("Active ClusterIPs"), false);
         let expected = hex("000402000000071241637469766520436c757374657249507300");
         assert_eq!(spec.userdata, Some(expected));
     }

@@ -71,6 +71,9 @@ fn write_set(f: &mut fmt::Formatter<'_>, set: &Set) -> fmt::Result {
     if let Some(t) = set.timeout_secs {
         writeln!(f, "\t\ttimeout {}", duration(u64::from(t) * 1000))?;
     }
+    if set.counter {
+        writeln!(f, "\t\tcounter")?;
+    }
     if let Some(c) = &set.comment {
         writeln!(f, "\t\tcomment {}", quoted(c))?;
     }
@@ -80,7 +83,7 @@ fn write_set(f: &mut fmt::Formatter<'_>, set: &Set) -> fmt::Result {
             if i > 0 {
                 write!(f, ",\n\t\t\t     ")?;
             }
-            write!(f, "{}", element_text(key, element))?;
+            write!(f, "{}", counted_element_text(key, element, set.counter))?;
         }
         writeln!(f, " }}")?;
     }
@@ -89,7 +92,16 @@ fn write_set(f: &mut fmt::Formatter<'_>, set: &Set) -> fmt::Result {
 
 /// One element as nft prints it: `key [comment "…"] [: data]`.
 pub fn element_text(key: &[Value], element: &Element) -> String {
+    counted_element_text(key, element, false)
+}
+
+/// One element as nft prints it, with its counter (as created: zero) when the set has
+/// `counter`: `key [counter packets 0 bytes 0] [comment "…"] [: data]`.
+fn counted_element_text(key: &[Value], element: &Element, counter: bool) -> String {
     let mut s = concat_values(key);
+    if counter {
+        s.push_str(" counter packets 0 bytes 0");
+    }
     if let Some(c) = &element.comment {
         let _ = write!(s, " comment {}", quoted(c));
     }

@@ -376,6 +376,9 @@ pub struct WireSetSpec {
     pub data_len: u32,
     pub timeout_ms: Option<u64>,
     pub userdata: Option<Vec<u8>>,
+    /// The set's `counter` expression, which the kernel clones into every element added
+    /// without expressions of its own (the element counters, never their values).
+    pub counter: bool,
 }
 
 /// A set or map.

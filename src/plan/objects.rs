@@ -254,9 +254,27 @@ impl SharedSet {
         })
     }
 
+    /// Whether each element has a counter (issue 16): the sets and maps whose lookups in the nat
+    /// chains classify a new connection, once per connection. A connection to a service port
+    /// matches one element of one of them: where it is balanced (`service-ips`, the `balanced-…`
+    /// sets, `service-nodeports`) or where it is rejected or dropped (the `no-endpoint-…` maps).
+    pub(crate) fn counted(self) -> bool {
+        matches!(
+            self,
+            SharedSet::ServiceIps
+                | SharedSet::BalancedServiceIps
+                | SharedSet::BalancedExternalIps
+                | SharedSet::ServiceNodeports
+                | SharedSet::BalancedNodeports
+                | SharedSet::NoEndpointServices
+                | SharedSet::NoEndpointNodeports
+        )
+    }
+
     /// The empty set or map as nftproxy creates it in a family's table.
     pub(crate) fn empty(self, family: IpFamily) -> Set {
-        Set::new(self.name(), self.shape(family), Owner::infrastructure()).with_comment(&self.comment())
+        let set = Set::new(self.name(), self.shape(family), Owner::infrastructure()).with_comment(&self.comment());
+        if self.counted() { set.with_counter() } else { set }
     }
 }
 

@@ -194,8 +194,13 @@ fn removing_the_last_endpoint_leaves_nothing_stale() {
     let tx = transition(&before, &after);
     let text = after.ruleset.to_string();
     assert!(!text.contains("ns1/svc1:p80\" : 10.180"), "no endpoint of svc1 is left:\n{text}");
-    assert!(!text.contains("172.30.0.41 . tcp . 80 comment \"ns1/svc1:p80\","), "not balanced any more:\n{text}");
-    assert!(text.contains("172.30.0.41 . tcp . 80 comment \"ns1/svc1:p80\" : goto reject-chain"));
+    assert!(
+        !text.contains("172.30.0.41 . tcp . 80 counter packets 0 bytes 0 comment \"ns1/svc1:p80\","),
+        "not balanced any more:\n{text}"
+    );
+    assert!(
+        text.contains("172.30.0.41 . tcp . 80 counter packets 0 bytes 0 comment \"ns1/svc1:p80\" : goto reject-chain")
+    );
     let s = summary(&tx);
     assert!(s.contains(&"delete element ip nftproxy service-endpoints-1 (1 elements)".to_string()), "{s:#?}");
     assert!(!s.iter().any(|l| l.contains(" chain ") || l.contains(" rule ")), "elements only: {s:#?}");
@@ -572,7 +577,10 @@ fn topology_golden() {
     assert_golden("topology.nft", &p.ruleset.to_string());
     let text = p.ruleset.to_string();
     assert!(!text.contains("10.180.0.3 . 8080"), "zone-b endpoint unused in zone-a");
-    assert!(text.contains("172.30.0.43 . tcp . 80 comment \"ns3/elsewhere:http\" : drop"), "{text}");
+    assert!(
+        text.contains("172.30.0.43 . tcp . 80 counter packets 0 bytes 0 comment \"ns3/elsewhere:http\" : drop"),
+        "{text}"
+    );
 }
 
 /// Both traffic policies Local on a NodePort: pods and the node reaching it are still

@@ -53,7 +53,7 @@ impl Outcome {
     /// The good service is planned: its ClusterIP is balanced, to its pod.
     fn assert_good_planned(&self) {
         assert!(
-            self.rendered.contains("10.96.9.1 . tcp . 80 comment \"ns/ok:http\""),
+            self.rendered.contains("10.96.9.1 . tcp . 80 counter packets 0 bytes 0 comment \"ns/ok:http\""),
             "good service not dispatched:\n{}",
             self.rendered
         );
@@ -394,7 +394,7 @@ fn a_duplicate_port_number_keeps_the_first_port() {
     ));
     out.field_ignored("Service ns/web", "spec.ports[1].port", "duplicate port 80/tcp (first in spec.ports[0])");
     assert_eq!(out.ports("web"), vec!["a/80/tcp", "c/80/udp"]);
-    assert!(out.rendered.contains("10.96.0.1 . tcp . 80 comment \"ns/web:a\""));
+    assert!(out.rendered.contains("10.96.0.1 . tcp . 80 counter packets 0 bytes 0 comment \"ns/web:a\""));
 }
 
 #[test]
