@@ -241,6 +241,7 @@ pub(crate) fn run(
         let full = periodic_due || last_sync.is_none() || retry_at.is_some() || pending.service_cidrs_changed;
         let syncing = Instant::now();
         let result = syncer.sync(index.state(), &pending, reason, full);
+        let previous = last_sync;
         last_sync = Some(Instant::now());
         let took = syncing.elapsed();
         match &result {
@@ -250,6 +251,11 @@ pub(crate) fn run(
                 // A periodic sync the syncer answered without a read-back counts as one too.
                 if s.report.full || periodic_due {
                     last_full = last_sync;
+                }
+                // A periodic sync that proved nothing changed sent nothing: it must not hold
+                // the next change back by --min-sync-period (up to 1 s every --sync-period).
+                if reason == SyncReason::Periodic && !s.report.full && s.report.apply.messages == 0 {
+                    last_sync = previous.or(last_sync);
                 }
             }
             Err(_) => {

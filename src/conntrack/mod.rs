@@ -215,7 +215,9 @@ impl Reconciler {
                     whole |= current != *ports;
                     let gone =
                         ports.values().filter(|t| !current.contains_key(&t.name) && !exists(state, &t.name, family));
-                    deleted.extend(gone.cloned());
+                    for t in gone {
+                        forget(deleted, t);
+                    }
                     *ports = current;
                 }
                 ConntrackUpdate::Changed { before, after } => {
@@ -223,7 +225,7 @@ impl Reconciler {
                         if !after.iter().any(|a| a.name == t.name && a.family == family) {
                             ports.remove(&t.name);
                             if !exists(state, &t.name, family) {
-                                deleted.push(t.clone());
+                                forget(deleted, t);
                             }
                         }
                     }
@@ -235,8 +237,13 @@ impl Reconciler {
                     }
                 }
             }
-            let live: Vec<&ConntrackTarget> =
-                if whole { ports.values().collect() } else { changed.iter().filter_map(|n| ports.get(n)).collect() };
+            // A deleted port's frontend may be an unchanged port's too (two Services with the
+            // same externalIP): with every current port in, the current one keeps its flows.
+            let live: Vec<&ConntrackTarget> = if whole || !deleted.is_empty() {
+                ports.values().collect()
+            } else {
+                changed.iter().filter_map(|n| ports.get(n)).collect()
+            };
             if live.is_empty() && deleted.is_empty() {
                 if whole {
                     self.checked.insert(family, ());
@@ -262,6 +269,13 @@ impl Reconciler {
         }
         passes
     }
+}
+
+/// Adds a deleted port to those whose flows are still to go, once (while listing keeps
+/// failing, the same port can go and come back many times).
+fn forget(deleted: &mut Vec<ConntrackTarget>, port: &ConntrackTarget) {
+    deleted.retain(|d| d.name != port.name);
+    deleted.push(port.clone());
 }
 
 /// One family's pass. `None` when the table could not be listed; otherwise the pass and

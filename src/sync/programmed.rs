@@ -98,27 +98,27 @@ impl Programmed {
         }
     }
 
-    /// Records `service` under `name`, replacing (and returning) what was there, with the
-    /// totals and the health-check list following.
-    fn put(&mut self, name: NamespacedName, service: Option<ProgrammedService>) -> Option<ProgrammedService> {
+    /// Records `service` under `name` (or removes it), returning what was there, with the
+    /// totals and the health-check list following: the list is rebuilt only when the health
+    /// check under `name` differs from `health_before`'s (what the service had before the
+    /// sync, which a partial sync removes first and puts back after).
+    fn put(
+        &mut self,
+        name: NamespacedName,
+        service: Option<ProgrammedService>,
+        health_before: Option<&HealthCheck>,
+    ) -> Option<ProgrammedService> {
+        let health_after = service.as_ref().and_then(|s| s.health_check.clone());
+        if let Some(new) = &service {
+            self.totals.add(&new.stats);
+        }
         let old = match service {
-            Some(new) => {
-                self.totals.add(&new.stats);
-                let health = new.health_check.clone();
-                let old = self.services.insert(name, new);
-                if health != old.as_ref().and_then(|o| o.health_check.clone()) {
-                    self.health_checks = None;
-                }
-                old
-            }
-            None => {
-                let old = self.services.remove(&name);
-                if old.as_ref().is_some_and(|o| o.health_check.is_some()) {
-                    self.health_checks = None;
-                }
-                old
-            }
+            Some(new) => self.services.insert(name, new),
+            None => self.services.remove(&name),
         };
+        if health_after.as_ref() != health_before {
+            self.health_checks = None;
+        }
         if let Some(old) = &old {
             self.totals.subtract(&old.stats);
         }
@@ -166,7 +166,7 @@ impl Programmed {
                 });
             }
         }
-        self.put(name, Some(service));
+        self.put(name, Some(service), None);
     }
 
     /// A programmed service.
@@ -330,7 +330,9 @@ impl Programmed {
         let mut want_of: Vec<Option<usize>> = vec![None; changes.len()];
         let mut wants: Vec<Fragments> = Vec::with_capacity(changes.len() + 1);
         for (i, (name, old, new)) in changes.iter().enumerate() {
-            if self.put(name.clone(), None).is_some()
+            let health_before = self.services.get(name).and_then(|s| s.health_check.clone());
+            // Removed here and put back below: the list follows only a real difference.
+            if self.put(name.clone(), None, None).is_some()
                 && let Some(old) = old
             {
                 self.count_claims(name, old, -1);
@@ -342,9 +344,11 @@ impl Programmed {
             }
             if let Some((service, fragments)) = new {
                 self.count_claims(name, fragments, 1);
-                self.put(name.clone(), Some(service.clone()));
+                self.put(name.clone(), Some(service.clone()), health_before.as_ref());
                 want_of[i] = Some(wants.len());
                 wants.push(fragments.map(|_, f| WireFragment { own: f.own.clone(), shared: BTreeMap::new() }));
+            } else if health_before.is_some() {
+                self.health_checks = None;
             }
         }
 
