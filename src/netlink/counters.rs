@@ -23,7 +23,7 @@ pub(crate) struct CountedElement {
     pub set: Arc<str>,
     /// The key, as the kernel stores it (each field padded to 4 bytes).
     pub key: Vec<u8>,
-    /// The element comment (nftproxy's name the owning service port: `namespace/name:port`).
+    /// The element comment (nftproxy's name for the owning service port: `namespace/name:port`).
     pub comment: Option<Arc<str>>,
     /// A verdict map element's verdict code (`NF_DROP` is 0, `NFT_GOTO` -4).
     pub verdict: Option<i32>,
