@@ -229,9 +229,7 @@ fn run_applies_a_manifest_edit_within_a_second_and_exports_metrics() {
     // Drift behind its back is repaired by the periodic full sync and counted.
     lab.lab.node("node1").ns.exec("nft", &["flush", "chain", "ip", "nftproxy", "services"]).unwrap();
     assert!(lab.eventually(Duration::from_secs(3), || lab.listing().contains("vmap @service-ips")), "repaired");
-    let (status, metrics) = lab.http_get("node1", "127.0.0.1:10249", "/metrics").unwrap();
-    assert_eq!(status, 200);
-    let value = |name: &str| -> f64 {
+    let value_in = |metrics: &str, name: &str| -> f64 {
         metrics
             .lines()
             .find(|l| l.starts_with(name))
@@ -239,6 +237,16 @@ fn run_applies_a_manifest_edit_within_a_second_and_exports_metrics() {
             .and_then(|v| v.parse().ok())
             .unwrap_or(-1.0)
     };
+    // The metrics follow the commit (they are recorded after the kernel answered): a scrape
+    // right after the repair shows in the kernel can precede them.
+    let scrape = || lab.http_get("node1", "127.0.0.1:10249", "/metrics").unwrap();
+    assert!(
+        lab.eventually(Duration::from_secs(1), || value_in(&scrape().1, "nftproxy_drift_repairs_total") >= 1.0),
+        "the repair is counted"
+    );
+    let (status, metrics) = scrape();
+    assert_eq!(status, 200);
+    let value = |name: &str| value_in(&metrics, name);
     assert!(value("nftproxy_drift_repairs_total") >= 1.0, "{metrics}");
     assert!(value("kubeproxy_sync_proxy_rules_service_changes_total") >= 2.0, "{metrics}");
     assert!(value("kubeproxy_sync_full_proxy_rules_duration_seconds_count") >= 2.0, "{metrics}");
