@@ -616,10 +616,10 @@ impl Syncer {
             |name: &NamespacedName, service: &ProgrammedService| replan(config, targets, families, name, service);
         let mut changes: Vec<Change> = Vec::with_capacity(pending.services.len());
         for name in &pending.services {
-            if let Some(old) = programmed.service(name) {
+            let old = programmed.service(name).map(|old| {
                 before.extend(old.conntrack.iter().cloned());
-            }
-            let old = programmed.service(name).map(|old| replan(name, old));
+                replan(name, old)
+            });
             let new = match input.state.service(name) {
                 Some(svc) => {
                     placement.update_service(name, &plan::window_demands(input, families, svc));

@@ -99,16 +99,8 @@ impl Programmed {
     }
 
     /// Records `service` under `name` (or removes it), returning what was there, with the
-    /// totals and the health-check list following: the list is rebuilt only when the health
-    /// check under `name` differs from `health_before`'s (what the service had before the
-    /// sync, which a partial sync removes first and puts back after).
-    fn put(
-        &mut self,
-        name: NamespacedName,
-        service: Option<ProgrammedService>,
-        health_before: Option<&HealthCheck>,
-    ) -> Option<ProgrammedService> {
-        let health_after = service.as_ref().and_then(|s| s.health_check.clone());
+    /// totals following.
+    fn put(&mut self, name: NamespacedName, service: Option<ProgrammedService>) -> Option<ProgrammedService> {
         if let Some(new) = &service {
             self.totals.add(&new.stats);
         }
@@ -116,9 +108,6 @@ impl Programmed {
             Some(new) => self.services.insert(name, new),
             None => self.services.remove(&name),
         };
-        if health_after.as_ref() != health_before {
-            self.health_checks = None;
-        }
         if let Some(old) = &old {
             self.totals.subtract(&old.stats);
         }
@@ -166,7 +155,7 @@ impl Programmed {
                 });
             }
         }
-        self.put(name, Some(service), None);
+        self.put(name, Some(service));
     }
 
     /// A programmed service.
@@ -177,6 +166,16 @@ impl Programmed {
     /// Counts describing the whole ruleset.
     pub(super) fn stats(&self) -> PlanStats {
         self.totals
+    }
+
+    /// The services' counts summed afresh (tests compare the running totals with it).
+    #[cfg(test)]
+    pub(super) fn recount(&self) -> PlanStats {
+        let mut stats = PlanStats::default();
+        for s in self.services.values() {
+            stats.add(&s.stats);
+        }
+        stats
     }
 
     /// Health checks of every service that has one: the same allocation until one changes.
@@ -330,9 +329,12 @@ impl Programmed {
         let mut want_of: Vec<Option<usize>> = vec![None; changes.len()];
         let mut wants: Vec<Fragments> = Vec::with_capacity(changes.len() + 1);
         for (i, (name, old, new)) in changes.iter().enumerate() {
-            let health_before = self.services.get(name).and_then(|s| s.health_check.clone());
-            // Removed here and put back below: the list follows only a real difference.
-            if self.put(name.clone(), None, None).is_some()
+            // The health-check list is rebuilt only when this service's check really changed.
+            let health_after = new.as_ref().and_then(|(service, _)| service.health_check.as_ref());
+            if self.services.get(name).and_then(|s| s.health_check.as_ref()) != health_after {
+                self.health_checks = None;
+            }
+            if self.put(name.clone(), None).is_some()
                 && let Some(old) = old
             {
                 self.count_claims(name, old, -1);
@@ -344,11 +346,9 @@ impl Programmed {
             }
             if let Some((service, fragments)) = new {
                 self.count_claims(name, fragments, 1);
-                self.put(name.clone(), Some(service.clone()), health_before.as_ref());
+                self.put(name.clone(), Some(service.clone()));
                 want_of[i] = Some(wants.len());
                 wants.push(fragments.map(|_, f| WireFragment { own: f.own.clone(), shared: BTreeMap::new() }));
-            } else if health_before.is_some() {
-                self.health_checks = None;
             }
         }
 

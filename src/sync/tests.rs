@@ -178,3 +178,38 @@ fn a_partial_sync_over_a_foreign_commit_becomes_a_full_one() {
     reset(&mut index, &web_with(&["10.0.1.1", "10.0.1.2"], ""));
     assert!(!sync(&mut syncer, &mut index, SyncReason::Changes, false).report.full);
 }
+
+/// The health-check list is shared from sync to sync until a service's check changes, and the
+/// running totals follow partial syncs as a recount would.
+#[test]
+fn health_checks_are_shared_until_one_changes_and_totals_follow_partial_syncs() {
+    let local = ", type: LoadBalancer, externalTrafficPolicy: Local, healthCheckNodePort: 32000";
+    let mut syncer = Syncer::new(config(), Box::new(FakeNetfilter::new()), fixed_nodeports());
+    let mut index = ClusterIndex::new();
+    reset(&mut index, &web_with(&["10.0.1.1"], local));
+    let first = sync(&mut syncer, &mut index, SyncReason::Startup, true);
+    assert_eq!(first.health_checks.len(), 1);
+    assert_eq!(first.health_checks[0].local_endpoints, 1);
+
+    // An endpoint on another node: the local count, hence the check, stays the same.
+    let remote = web_with(&["10.0.1.1"], local)
+        .replace("endpoints:\n", "endpoints:\n- {addresses: [\"10.0.2.1\"], nodeName: node2}\n");
+    reset(&mut index, &remote);
+    let same = sync(&mut syncer, &mut index, SyncReason::Changes, false);
+    assert!(!same.report.full);
+    assert!(Arc::ptr_eq(&first.health_checks, &same.health_checks), "unchanged checks share one list");
+    assert_eq!(same.stats, syncer.programmed.as_ref().map(|p| p.recount()).unwrap());
+
+    // A second local endpoint changes the check: a new list.
+    reset(&mut index, &web_with(&["10.0.1.1", "10.0.1.2"], local));
+    let changed = sync(&mut syncer, &mut index, SyncReason::Changes, false);
+    assert!(!Arc::ptr_eq(&same.health_checks, &changed.health_checks));
+    assert_eq!(changed.health_checks[0].local_endpoints, 2);
+    assert_eq!(changed.stats, syncer.programmed.as_ref().map(|p| p.recount()).unwrap());
+
+    // The service gone: no checks, and totals of nothing.
+    reset(&mut index, "");
+    let gone = sync(&mut syncer, &mut index, SyncReason::Changes, false);
+    assert!(gone.health_checks.is_empty());
+    assert_eq!(gone.stats, PlanStats::default());
+}
