@@ -34,7 +34,7 @@ fn every_shape(family: IpFamily) -> Table {
         }
     };
     let infra = Owner::infrastructure;
-    let own = Owner::from_comment(&"ns1/svc1:p80");
+    let own = Owner::from_comment("ns1/svc1:p80");
     let mut t = Table::new(family, "nftproxy", Some("rules for nftproxy"));
 
     let mut cluster_ips =
@@ -366,7 +366,7 @@ fn a_rejected_element_is_traced_to_its_owner() {
     // This element points at a chain that does not exist.
     map.insert(
         vec![Value::Addr(ip("10.96.1.1")), Value::Proto(L4Proto::Tcp), Value::Port(80)],
-        Element::verdict(Verdict::Goto("missing".into()), Owner::from_comment(&"ns/broken:http")),
+        Element::verdict(Verdict::Goto("missing".into()), Owner::from_comment("ns/broken:http")),
     );
     table.add_set(map);
     table.add_chain(Chain::regular("ok", Owner::infrastructure()));
@@ -384,7 +384,7 @@ fn a_rejected_element_is_traced_to_its_owner() {
     let nftproxy::netlink::NetlinkError::Rejected(failures) = &err else { panic!("{err}") };
     assert_eq!(failures.len(), 1, "{err}");
     assert_eq!(failures[0].errno, libc::ENOENT);
-    assert_eq!(failures[0].owners, vec![Owner::from_comment(&"ns/broken:http")], "{err}");
+    assert_eq!(failures[0].owners, vec![Owner::from_comment("ns/broken:http")], "{err}");
     assert!(err.to_string().contains("add element ip nftproxy service-ips"), "{err}");
 }
 

@@ -325,7 +325,7 @@ impl<'a> DocumentLines<'a> {
             self.item.clear();
             return;
         }
-        let position = std::mem::replace(&mut self.context.position, String::new());
+        let position = std::mem::take(&mut self.context.position);
         self.context.position = format!("{position} item {}", self.items);
         let item = std::mem::take(&mut self.item);
         self.context.yaml_object(&item);

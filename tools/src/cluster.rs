@@ -212,7 +212,7 @@ pub fn write_slice_yaml(slice: &EndpointSliceInfo, i: usize, out: &mut impl std:
         slice.service.name
     )?;
     writeln!(out, "addressType: IPv4")?;
-    write!(out, "ports:\n")?;
+    writeln!(out, "ports:")?;
     for (name, protocol, port) in &slice.ports {
         writeln!(out, "- name: {name}\n  port: {port}\n  protocol: {}", protocol.name().to_uppercase())?;
     }

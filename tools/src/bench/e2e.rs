@@ -350,7 +350,7 @@ fn apply_change(api: &FakeApi, size: Size, kind: ChangeKind, n: usize) {
     let plain = |n: usize| {
         // A service without affinity or Local policy (the synthetic mix's plain majority).
         let mut i = (n * 7919 + 1) % size.services;
-        while i % 25 == 3 || i % 20 == 0 {
+        while i % 25 == 3 || i.is_multiple_of(20) {
             i = (i + 1) % size.services;
         }
         i
