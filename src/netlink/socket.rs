@@ -30,6 +30,8 @@ const NLM_F_ACK_TLVS: u16 = 0x200;
 const NLMSGERR_ATTR_MSG: u16 = 1;
 const NLMSGERR_ATTR_OFFS: u16 = 2;
 const NLMSG_HDRLEN: usize = 16;
+/// The most iovecs one `sendmsg` accepts (`UIO_MAXIOV`).
+const IOV_MAX: usize = 1024;
 
 /// One reply to a message of a batch.
 #[derive(Debug, Clone)]
@@ -105,7 +107,7 @@ impl Socket {
 
     /// Sends all `pages` as one datagram.
     pub(super) fn send_pages(&self, pages: &[&[u8]]) -> Result<(), NetlinkError> {
-        if pages.len() > 1024 {
+        if pages.len() > IOV_MAX {
             return Err(NetlinkError::BatchTooLarge { pages: pages.len() });
         }
         let mut iov: Vec<libc::iovec> =
