@@ -237,12 +237,19 @@ pub(crate) fn run(
         } else {
             SyncReason::Periodic
         };
+        // A periodic sync is full unless changes are pending and the tables provably cannot
+        // have drifted: then the changes alone are synced, and it still counts as the periodic
+        // sync (a full one would hold every change of its second back by its own length).
+        let periodic_full = periodic_due
+            && (pending.is_empty() || syncer.periodic_needs_read_back(index.state()).unwrap_or(true));
         // ServiceCIDRs are in the infrastructure, which full syncs write.
-        let full = periodic_due || last_sync.is_none() || retry_at.is_some() || pending.service_cidrs_changed;
+        let full = periodic_full || last_sync.is_none() || retry_at.is_some() || pending.service_cidrs_changed;
         let syncing = Instant::now();
         let result = syncer.sync(index.state(), &pending, reason, full);
         let previous = last_sync;
-        last_sync = Some(Instant::now());
+        // --min-sync-period spaces the syncs' starts, as upstream's rate limiter does: a change
+        // waits at most that long plus one sync, not plus two.
+        last_sync = Some(syncing);
         let took = syncing.elapsed();
         match &result {
             Ok(s) => {
@@ -355,6 +362,45 @@ mod tests {
         assert!(rec.0[0].1, "the first sync is full");
         assert_eq!(rec.0[1].0, SyncReason::Changes);
         assert!(!rec.0[1].1, "the burst is one partial sync");
+    }
+
+    /// Under steady churn the periodic sync falls due with changes pending: the tables are
+    /// owned, so it syncs the changes alone rather than a full sync (which would hold every
+    /// change of its duration back).
+    #[test]
+    fn a_periodic_sync_under_churn_syncs_only_the_changes_when_nothing_can_have_drifted() {
+        let (tx, rx) = mpsc::channel();
+        let stop = Arc::new(AtomicBool::new(false));
+        let mut index = ClusterIndex::new();
+        let mut syncer = Syncer::new(ProxyConfig::new("node1"), Box::new(FakeNetfilter::new()), fixed_nodeports());
+        assert!(syncer.owns_tables());
+        for e in lists(SVC, true) {
+            tx.send(e).unwrap();
+        }
+        let timing = Timing {
+            min_sync_period: Duration::from_millis(50),
+            sync_period: Duration::from_millis(300),
+            max_backoff: Duration::from_secs(1),
+            ..Timing::default()
+        };
+        let mut rec = Record(Vec::new(), Arc::clone(&stop), usize::MAX);
+        let stopper = Arc::clone(&stop);
+        let sender = std::thread::spawn(move || {
+            // A change every 20 ms for 1.2 s: four sync periods, never a quiet moment.
+            for i in 0..60 {
+                for e in lists(&SVC.replace("10.96.0.1", &format!("10.96.1.{}", i % 200 + 1)), false) {
+                    tx.send(e).unwrap();
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            stopper.store(true, Ordering::Relaxed);
+        });
+        run(&mut index, &mut syncer, &rx, &stop, timing, NodeGate::Listed, &mut rec).unwrap();
+        sender.join().unwrap();
+        assert!(rec.0.len() >= 8, "{:?}", rec.0);
+        assert!(rec.0[0].1, "the first sync is full");
+        let full_after_start: Vec<_> = rec.0[1..].iter().filter(|(_, full, _)| *full).collect();
+        assert!(full_after_start.is_empty(), "periodic syncs read back while owned: {:?}", rec.0);
     }
 
     /// Node-port addresses from the Node, as `primary` resolves them.

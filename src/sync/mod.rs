@@ -358,13 +358,20 @@ impl Syncer {
         }
     }
 
-    /// A periodic sync that needs no read-back: nothing changed in the cluster, the node-port
-    /// addresses are the same, the tables were read back less than [`READ_BACK_PERIOD`] ago,
-    /// and nobody can have changed them since — the kernel refuses other processes any change
-    /// to owned tables, and for unowned ones the ruleset generation is still the one this
-    /// process's last transaction produced. `None`: a full sync is needed.
-    fn unchanged_since_last_sync(&mut self, state: &ClusterState) -> Result<Option<Synced>, SyncError> {
-        let started = Instant::now();
+    /// Whether a periodic sync must read the tables back; `false` when nobody can have changed
+    /// them (see [`Syncer::unchanged_since_last_sync`]). A periodic sync that falls due while
+    /// changes are pending then syncs just the changes: a full sync of 10,000 services takes
+    /// about a second, which every change of that second would wait for.
+    pub fn periodic_needs_read_back(&mut self, state: &ClusterState) -> Result<bool, SyncError> {
+        Ok(self.no_drift_proof(state)?.is_none())
+    }
+
+    /// Why nftproxy's tables cannot have changed since its last transaction, with the node-port
+    /// addresses (which must be the same): the tables were read back less than
+    /// [`READ_BACK_PERIOD`] ago, and the kernel refuses other processes any change to owned
+    /// tables, and for unowned ones the ruleset generation is still the one this process's last
+    /// transaction produced. `None`: no proof, a full sync is needed.
+    fn no_drift_proof(&mut self, state: &ClusterState) -> Result<Option<(&'static str, NodePortTargets)>, SyncError> {
         let recent = self.last_read_back.is_some_and(|t| t.elapsed() < READ_BACK_PERIOD);
         if !recent || self.needs_full() || self.programmed.is_none() {
             return Ok(None);
@@ -381,6 +388,14 @@ impl Syncer {
                 _ => return Ok(None),
             }
         };
+        Ok(Some((proof, targets)))
+    }
+
+    /// A periodic sync that needs no read-back: nothing changed in the cluster and nobody can
+    /// have changed the tables ([`Syncer::no_drift_proof`]). `None`: a full sync is needed.
+    fn unchanged_since_last_sync(&mut self, state: &ClusterState) -> Result<Option<Synced>, SyncError> {
+        let started = Instant::now();
+        let Some((proof, targets)) = self.no_drift_proof(state)? else { return Ok(None) };
         let Some(programmed) = self.programmed.as_mut() else { return Ok(None) };
         tracing::debug!(proof, "periodic sync: nftproxy's tables cannot have changed; no read-back");
         let report = SyncReport {
