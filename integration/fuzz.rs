@@ -802,7 +802,7 @@ fn check_state(state: &ClusterState) -> Result<(), TestCaseError> {
 
 /// Names and comments within the kernel's and nft's limits.
 fn check_limits(ruleset: &Ruleset) -> Result<(), TestCaseError> {
-    let comment = |c: &Option<String>, what: &str| -> Result<(), TestCaseError> {
+    let comment = |c: Option<&str>, what: &str| -> Result<(), TestCaseError> {
         if let Some(c) = c {
             prop_assert!(c.len() <= COMMENT_MAX, "comment of {what} is {} bytes: {c:?}", c.len());
             prop_assert!(!c.contains('"') && !c.contains('\n'), "comment of {what} cannot be quoted: {c:?}");
@@ -811,19 +811,19 @@ fn check_limits(ruleset: &Ruleset) -> Result<(), TestCaseError> {
     };
     for table in &ruleset.tables {
         prop_assert!(table.name.len() <= NAME_MAX);
-        comment(&table.comment, &table.name)?;
+        comment(table.comment.as_deref(), &table.name)?;
         for set in table.sets.values() {
             prop_assert!(set.name.len() <= NAME_MAX, "set name of {} bytes: {}", set.name.len(), set.name);
-            comment(&set.comment, &set.name)?;
+            comment(set.comment.as_deref(), &set.name)?;
             for element in set.elements.values() {
-                comment(&element.comment, &set.name)?;
+                comment(element.comment.as_deref(), &set.name)?;
             }
         }
         for chain in table.chains.values() {
             prop_assert!(chain.name.len() <= NAME_MAX, "chain name of {} bytes: {}", chain.name.len(), chain.name);
-            comment(&chain.comment, &chain.name)?;
+            comment(chain.comment.as_deref(), &chain.name)?;
             for rule in &chain.rules {
-                comment(&rule.comment, &chain.name)?;
+                comment(rule.comment.as_deref(), &chain.name)?;
             }
         }
     }

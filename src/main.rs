@@ -5,6 +5,13 @@ use nftproxy::cli::{Cli, logging_format, run};
 use nftproxy::config::LoggingFormat;
 use tracing_subscriber::EnvFilter;
 
+/// jemalloc, configured with one arena (`.cargo/config.toml`). glibc's malloc gives each
+/// allocating thread an arena and keeps what is freed there, so the watch threads' parsed lists
+/// and the sync never shared freed memory: `run` at 10,000 × 10 through the API peaked at
+/// 214 MiB with glibc, 148 MiB with this (and `render` of that cluster fell from 1.2 s to 0.9 s).
+#[global_allocator]
+static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
+
 fn main() -> ExitCode {
     let matches = Cli::command().get_matches();
     let cli = match Cli::from_arg_matches(&matches) {

@@ -476,7 +476,8 @@ impl Set {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Element {
     pub data: ElementData,
-    pub comment: Option<String>,
+    /// Shared by the elements of one service port (there are hundreds of thousands).
+    pub comment: Option<Arc<str>>,
     pub owner: Owner,
 }
 
@@ -497,7 +498,7 @@ impl Element {
     }
 
     /// Sets the element comment.
-    pub fn with_comment(mut self, comment: impl Into<String>) -> Element {
+    pub fn with_comment(mut self, comment: impl Into<Arc<str>>) -> Element {
         self.comment = Some(comment.into());
         self
     }

@@ -2,6 +2,7 @@
 //! affinity, and the endpoint windows it balances over.
 
 use std::net::IpAddr;
+use std::sync::Arc;
 
 use ipnet::IpNet;
 
@@ -102,7 +103,7 @@ impl<'a> PortPlan<'a> {
         let sp = self.sp;
         let family = self.family;
         let owner = Owner::service_port(&sp.name);
-        let comment = truncate_comment(&sp.name.to_string()).to_string();
+        let comment: Arc<str> = Arc::from(truncate_comment(&sp.name.to_string()));
         let base = &self.base;
         let cluster_chain = format!("service-{base}");
         let local_chain = format!("local-{base}");
@@ -139,7 +140,7 @@ impl<'a> PortPlan<'a> {
 
         let proto = Value::Proto(sp.name.protocol);
         let port = Value::Port(sp.port);
-        let element = |verdict: Verdict| Element::verdict(verdict, owner.clone()).with_comment(comment.clone());
+        let element = |verdict: Verdict| Element::verdict(verdict, owner.clone()).with_comment(Arc::clone(&comment));
         let add = |table: &mut Fragment, set: SharedSet, key: Vec<Value>, element: Element| {
             table.add(set, key, element);
         };
@@ -201,7 +202,7 @@ impl<'a> PortPlan<'a> {
                     Stmt::Lookup { key: vec![Selector::Saddr(family)], set: set_name, negate: true },
                     Stmt::Verdict(Verdict::Drop),
                 ])
-                .with_comment(comment.clone()),
+                .with_comment(&*comment),
             );
             table.own.add_chain(fw);
             for ip in &lb_ips {
@@ -274,7 +275,7 @@ impl<'a> PortPlan<'a> {
                     set: format!("affinity-{eb}"),
                     key: Selector::Saddr(family),
                 }]));
-                chain.push(Rule::new(self.dnat_to(ep)).with_comment(comment.clone()));
+                chain.push(Rule::new(self.dnat_to(ep)).with_comment(&*comment));
                 table.own.add_chain(chain);
             }
         }
@@ -293,7 +294,7 @@ impl<'a> PortPlan<'a> {
         key: Vec<Value>,
         endpoints: &[Endpoint],
         owner: &Owner,
-        comment: &str,
+        comment: &Arc<str>,
     ) {
         let Ok(n) = u32::try_from(endpoints.len()) else { return };
         if n == 0 {
@@ -304,16 +305,18 @@ impl<'a> PortPlan<'a> {
             _ => BalanceMap::Service,
         };
         for (i, ep) in (0..n).zip(endpoints) {
-            let mut indexed = key.clone();
+            // Exact capacity: a clone then a push would double it, for every endpoint.
+            let mut indexed = Vec::with_capacity(key.len() + 1);
+            indexed.extend_from_slice(&key);
             indexed.push(Value::Index(i));
             let target = vec![Value::Addr(ep.ip), Value::Port(ep.port)];
             table.add(
                 SharedSet::Balance(map, n),
                 indexed,
-                Element::values(target, owner.clone()).with_comment(comment),
+                Element::values(target, owner.clone()).with_comment(Arc::clone(comment)),
             );
         }
-        table.add(keys, key, Element::key_only(owner.clone()).with_comment(comment));
+        table.add(keys, key, Element::key_only(owner.clone()).with_comment(Arc::clone(comment)));
     }
 
     /// The window of a balancing chain over `n` endpoints; `None` when `n` needs none. A window
@@ -349,7 +352,7 @@ impl<'a> PortPlan<'a> {
         chain_name: &str,
         endpoints: &[Endpoint],
         owner: &Owner,
-        comment: &str,
+        comment: &Arc<str>,
     ) {
         let family = self.family;
         let mut chain = Chain::regular(chain_name, owner.clone());
@@ -362,20 +365,21 @@ impl<'a> PortPlan<'a> {
                 chain.push(Rule::new(vec![lookup(Selector::Saddr(family), &format!("affinity-{eb}")), goto(ep_chain)]));
             }
             match self.window(slots, chain_name, endpoints.len()) {
-                None => chain.push(Rule::new(vec![goto(&chains[0])]).with_comment(comment)),
+                None => chain.push(Rule::new(vec![goto(&chains[0])]).with_comment(&**comment)),
                 Some(slot) => {
                     let map = SharedSet::EndpointMap(MapKind::Chains, slot.shard);
                     for ((lo, hi), ep_chain) in placement::ranges(slot.offset, n).into_iter().zip(&chains) {
                         table.add(
                             map,
                             vec![Value::IndexRange(lo, hi)],
-                            Element::verdict(Verdict::Goto(ep_chain.clone()), owner.clone()).with_comment(comment),
+                            Element::verdict(Verdict::Goto(ep_chain.clone()), owner.clone())
+                                .with_comment(Arc::clone(comment)),
                         );
                     }
                     let map = map.name().into_owned();
                     chain.push(
                         Rule::new(vec![Stmt::NumgenVmap { modulus: placement::WINDOW, offset: slot.offset, map }])
-                            .with_comment(comment),
+                            .with_comment(&**comment),
                     );
                 }
             }
@@ -386,7 +390,7 @@ impl<'a> PortPlan<'a> {
                     map,
                     vec![Value::IndexRange(lo, hi)],
                     Element::values(vec![Value::Addr(ep.ip), Value::Port(ep.port)], owner.clone())
-                        .with_comment(comment),
+                        .with_comment(Arc::clone(comment)),
                 );
             }
             let map = map.name().into_owned();
@@ -395,10 +399,10 @@ impl<'a> PortPlan<'a> {
                     Stmt::Cmp { sel: Selector::L4Proto, op: CmpOp::Eq, value: Value::Proto(self.sp.name.protocol) },
                     Stmt::DnatNumgenMap { family, modulus: placement::WINDOW, offset: slot.offset, map },
                 ])
-                .with_comment(comment),
+                .with_comment(&**comment),
             );
         } else if let Some(ep) = endpoints.first() {
-            chain.push(Rule::new(self.dnat_to(ep)).with_comment(comment));
+            chain.push(Rule::new(self.dnat_to(ep)).with_comment(&**comment));
         }
         table.own.add_chain(chain);
     }

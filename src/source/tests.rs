@@ -117,8 +117,13 @@ impl Outcome {
             let comments = table
                 .sets
                 .values()
-                .flat_map(|s| s.elements.values().map(|e| &e.comment).chain([&s.comment]))
-                .chain(table.chains.values().flat_map(|c| c.rules.iter().map(|r| &r.comment).chain([&c.comment])));
+                .flat_map(|s| s.elements.values().map(|e| e.comment.as_deref()).chain([s.comment.as_deref()]))
+                .chain(
+                    table
+                        .chains
+                        .values()
+                        .flat_map(|c| c.rules.iter().map(|r| r.comment.as_deref()).chain([c.comment.as_deref()])),
+                );
             for c in comments.flatten() {
                 assert!(c.len() < 128, "comment of {} bytes: {c}", c.len());
             }
