@@ -99,10 +99,12 @@ pub struct RunArgs {
     pub proxy: ProxyArgs,
     #[command(flatten)]
     pub conntrack: ConntrackArgs,
-    /// Minimum time between syncs: changes arriving faster are applied together.
+    /// Minimum time between the starts of two syncs: changes arriving faster are applied together.
     #[arg(long, value_name = "DURATION", default_value = "1s", value_parser = humantime::parse_duration)]
     pub min_sync_period: std::time::Duration,
-    /// Time between full syncs, which also repair rules changed outside nftproxy.
+    /// Time between periodic syncs: each reads nftproxy's tables back and repairs rules changed
+    /// outside nftproxy, unless nobody can have changed them (owned tables, or an unchanged
+    /// ruleset generation) and the last read-back is less than an hour old.
     #[arg(long, value_name = "DURATION", default_value = "30s", value_parser = humantime::parse_duration)]
     pub sync_period: std::time::Duration,
     /// Address of /healthz and /livez (empty disables; default `[::]:10256` when

@@ -1,6 +1,7 @@
-//! The bounded-frequency sync loop: events are folded in as they come; a sync runs at most once
-//! per `min_sync_period` (bursts coalesce into one transaction), a full sync runs every
-//! `sync_period`, and a failed sync is retried with exponential backoff as a full sync. The
+//! The bounded-frequency sync loop: events are folded in as they come; a sync starts at most
+//! once per `min_sync_period` (bursts coalesce into one transaction), a periodic sync runs every
+//! `sync_period` (full when the tables may have changed, see [`Syncer::periodic_needs_read_back`]),
+//! and a failed sync is retried with exponential backoff as a full sync. The
 //! index and the syncer never meet but here: the loop takes what changed from one and hands it
 //! to the other.
 
@@ -21,9 +22,9 @@ use crate::sync::{SyncError, SyncReason, Synced, Syncer};
 /// Loop timing.
 #[derive(Debug, Clone, Copy)]
 pub struct Timing {
-    /// Minimum time between syncs (`--min-sync-period`, default 1s).
+    /// Minimum time between the starts of two syncs (`--min-sync-period`, default 1s).
     pub min_sync_period: Duration,
-    /// Time between full syncs (`--sync-period`, default 30s).
+    /// Time between periodic syncs (`--sync-period`, default 30s).
     pub sync_period: Duration,
     /// Longest wait before retrying a failed sync.
     pub max_backoff: Duration,
@@ -240,24 +241,27 @@ pub(crate) fn run(
         // A periodic sync is full unless changes are pending and the tables provably cannot
         // have drifted: then the changes alone are synced, and it still counts as the periodic
         // sync (a full one would hold every change of its second back by its own length).
-        let periodic_full = periodic_due
-            && (pending.is_empty() || syncer.periodic_needs_read_back(index.state()).unwrap_or(true));
         // ServiceCIDRs are in the infrastructure, which full syncs write.
-        let full = periodic_full || last_sync.is_none() || retry_at.is_some() || pending.service_cidrs_changed;
+        let forced_full = last_sync.is_none() || retry_at.is_some() || pending.service_cidrs_changed;
+        let full = forced_full
+            || (periodic_due && (pending.is_empty() || needs_read_back(syncer, index)));
         let syncing = Instant::now();
         let result = syncer.sync(index.state(), &pending, reason, full);
         let previous = last_sync;
         // --min-sync-period spaces the syncs' starts, as upstream's rate limiter does: a change
         // waits at most that long plus one sync, not plus two.
         last_sync = Some(syncing);
-        let took = syncing.elapsed();
+        let ended = Instant::now();
+        let took = ended.duration_since(syncing);
         match &result {
             Ok(s) => {
                 failures = 0;
                 retry_at = None;
                 // A periodic sync the syncer answered without a read-back counts as one too.
+                // The period runs from its end: a full sync longer than the period must not
+                // be followed by another at once.
                 if s.report.full || periodic_due {
-                    last_full = last_sync;
+                    last_full = Some(ended);
                 }
                 // A periodic sync that proved nothing changed sent nothing: it must not hold
                 // the next change back by --min-sync-period (up to 1 s every --sync-period).
@@ -269,13 +273,22 @@ pub(crate) fn run(
                 failures += 1;
                 retry_at = Some(Instant::now() + backoff(failures, &timing));
                 if last_full.is_none() {
-                    last_full = last_sync;
+                    last_full = Some(ended);
                 }
             }
         }
         observer.synced(result.as_ref(), took, index, syncer);
     }
     Ok(())
+}
+
+/// Whether a periodic sync with changes pending must be full (see
+/// [`Syncer::periodic_needs_read_back`]); when that cannot be told, it must.
+fn needs_read_back(syncer: &mut Syncer, index: &ClusterIndex) -> bool {
+    syncer.periodic_needs_read_back(index.state()).unwrap_or_else(|e| {
+        warn!(error = %e, "cannot tell whether nftproxy's tables changed; the periodic sync reads them back");
+        true
+    })
 }
 
 #[cfg(test)]
@@ -386,12 +399,12 @@ mod tests {
         let mut rec = Record(Vec::new(), Arc::clone(&stop), usize::MAX);
         let stopper = Arc::clone(&stop);
         let sender = std::thread::spawn(move || {
-            // A change every 20 ms for 1.2 s: four sync periods, never a quiet moment.
-            for i in 0..60 {
+            // A change every 5 ms for 1.2 s: four sync periods, never a quiet moment.
+            for i in 0..240 {
                 for e in lists(&SVC.replace("10.96.0.1", &format!("10.96.1.{}", i % 200 + 1)), false) {
                     tx.send(e).unwrap();
                 }
-                std::thread::sleep(Duration::from_millis(20));
+                std::thread::sleep(Duration::from_millis(5));
             }
             stopper.store(true, Ordering::Relaxed);
         });

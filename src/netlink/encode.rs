@@ -84,10 +84,14 @@ impl Default for BatchWriter {
 }
 
 /// Bytes per batch page. Each page is one iovec and one `sendmsg` takes at most `IOV_MAX`
-/// (1024) of them, so the page size bounds a transaction: libnftnl's default (32 memory pages,
-/// 128 KiB) stops at 128 MiB, less than a cold sync of 100,000 services × 10 endpoints needs.
-/// 1 MiB pages reach 1 GiB; a page's untouched tail costs address space, not memory.
-const BATCH_PAGE_BYTES: u32 = 1 << 20;
+/// (1024) of them, one of which may be the generation-guarded BEGIN, so the page size bounds a
+/// transaction: libnftnl's default (32 memory pages, 128 KiB with 4 KiB pages) stops near
+/// 128 MiB, less than a cold sync of 100,000 services × 10 endpoints needs. 1 MiB pages (or the
+/// default, where memory pages are larger) reach 1 GiB; a page's untouched tail costs address
+/// space, not memory.
+fn batch_page_bytes() -> u32 {
+    nftnl::default_batch_page_size().max(1 << 20)
+}
 
 impl OpSink for BatchWriter {
     fn push(&mut self, op: Op) {
@@ -99,7 +103,7 @@ impl BatchWriter {
     /// An empty batch.
     pub(super) fn new() -> BatchWriter {
         BatchWriter {
-            batch: Batch::with_page_size(BATCH_PAGE_BYTES),
+            batch: Batch::with_page_size(batch_page_bytes()),
             messages: Vec::new(),
             set_ids: HashMap::new(),
             next_set_id: 1,

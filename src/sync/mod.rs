@@ -2,7 +2,8 @@
 //! window is; turns the cluster state into one transaction per sync.
 //!
 //! A **partial** sync plans only the services that changed, old version and new, and sends
-//! their difference; a **full** sync (at start, every `--sync-period`, after any failure, when
+//! their difference; a **full** sync (at start, at a periodic sync when the tables may have
+//! changed (at least hourly), after any failure, when
 //! the node, the node-port addresses or the families in use change, and for `nftproxy sync`)
 //! plans everything and diffs it with nftproxy's tables read back from the kernel, so anything
 //! that drifted is repaired in the same transaction. Both stream through the one builder,

@@ -204,7 +204,8 @@ impl Programmed {
     }
 
     fn count_claims(&mut self, name: &NamespacedName, fragments: &Fragments, delta: i64) {
-        let shared = Arc::new(name.clone());
+        // One copy of the name for every key this service claims (removals need none).
+        let shared = (delta > 0).then(|| Arc::new(name.clone()));
         for (family, fragment) in fragments.iter() {
             for (set, elements) in &fragment.shared {
                 if set.on_demand() {
@@ -235,7 +236,11 @@ impl Programmed {
                     let k = (family, *set, key.clone());
                     let claim = self.claims.entry(k.clone()).or_default();
                     match (claim.binary_search_by(|c| c.as_ref().cmp(name)), delta > 0) {
-                        (Err(at), true) => claim.insert(at, Arc::clone(&shared)),
+                        (Err(at), true) => {
+                            if let Some(shared) = &shared {
+                                claim.insert(at, Arc::clone(shared));
+                            }
+                        }
                         (Ok(at), false) => {
                             claim.remove(at);
                         }

@@ -149,12 +149,16 @@ fn a_periodic_sync_reads_back_only_when_the_tables_may_have_changed() {
         reset(&mut index, &web_with(&["10.0.1.1"], ""));
         assert!(!sync(&mut syncer, &mut index, SyncReason::Changes, false).report.full);
         assert!(!sync(&mut syncer, &mut index, SyncReason::Periodic, true).report.full, "owned {owned}");
+        // What the loop asks when a periodic sync falls due with changes pending.
+        assert!(!syncer.periodic_needs_read_back(index.state()).unwrap(), "owned {owned}");
         // Another process commits: owned tables cannot have changed; unowned ones are read back.
         kernel.0.lock().unwrap().foreign_commit();
+        assert_eq!(syncer.periodic_needs_read_back(index.state()).unwrap(), !owned, "owned {owned}");
         let after_foreign = sync(&mut syncer, &mut index, SyncReason::Periodic, true);
         assert_eq!(after_foreign.report.full, !owned, "owned {owned}");
         // Whatever the proof, the tables are read back at least hourly.
         syncer.age_read_back(READ_BACK_PERIOD);
+        assert!(syncer.periodic_needs_read_back(index.state()).unwrap(), "owned {owned}");
         assert!(sync(&mut syncer, &mut index, SyncReason::Periodic, true).report.full, "owned {owned}");
     }
 }
