@@ -8,7 +8,7 @@ use tracing_subscriber::EnvFilter;
 /// jemalloc, configured with one arena (`.cargo/config.toml`). glibc's malloc gives each
 /// allocating thread an arena and keeps what is freed there, so the watch threads' parsed lists
 /// and the sync never shared freed memory: `run` at 10,000 × 10 through the API peaked at
-/// 214 MiB with glibc, 148 MiB with this (and `render` of that cluster fell from 1.2 s to 0.9 s).
+/// 214 MiB with glibc, 149–150 MiB with this (and `render` of that cluster fell from 1.2 s to 0.9 s).
 #[global_allocator]
 static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 
