@@ -99,7 +99,8 @@ pub struct RunArgs {
     pub proxy: ProxyArgs,
     #[command(flatten)]
     pub conntrack: ConntrackArgs,
-    /// Minimum time between the starts of two syncs: changes arriving faster are applied together.
+    /// Minimum time between the starts of two syncs (but for the retries of a failed one):
+    /// changes arriving faster are applied together.
     #[arg(long, value_name = "DURATION", default_value = "1s", value_parser = humantime::parse_duration)]
     pub min_sync_period: std::time::Duration,
     /// Time between periodic syncs: each reads nftproxy's tables back and repairs rules changed

@@ -22,7 +22,8 @@ use crate::sync::{SyncError, SyncReason, Synced, Syncer};
 /// Loop timing.
 #[derive(Debug, Clone, Copy)]
 pub struct Timing {
-    /// Minimum time between the starts of two syncs (`--min-sync-period`, default 1s).
+    /// Minimum time between the starts of two syncs, but for the retries of a failed one
+    /// (`--min-sync-period`, default 1s).
     pub min_sync_period: Duration,
     /// Time between periodic syncs (`--sync-period`, default 30s).
     pub sync_period: Duration,
@@ -194,7 +195,15 @@ pub(crate) fn run(
         } else {
             None
         };
-        let periodic = if started_syncing { last_full.map(|t| t + timing.sync_period) } else { None };
+        // A failed sync's retry is full anyway: the periodic timer waits for it (else, once a
+        // failure outlasts the period, every pass of the loop would sync). Like any sync, a
+        // periodic one starts no sooner than --min-sync-period after the last start.
+        let periodic = match (started_syncing, retry_at) {
+            (true, None) => last_full
+                .map(|t| t + timing.sync_period)
+                .map(|p| last_sync.map_or(p, |s| p.max(s + timing.min_sync_period))),
+            _ => None,
+        };
         let deadline = [due, periodic].into_iter().flatten().min();
         let wait = deadline
             .map_or(Duration::from_millis(200), |d| d.saturating_duration_since(now))
@@ -414,6 +423,46 @@ mod tests {
         assert!(rec.0[0].1, "the first sync is full");
         let full_after_start: Vec<_> = rec.0[1..].iter().filter(|(_, full, _)| *full).collect();
         assert!(full_after_start.is_empty(), "periodic syncs read back while owned: {:?}", rec.0);
+    }
+
+    struct Count(usize);
+
+    impl Observer for Count {
+        fn synced(&mut self, _: Result<&Synced, &SyncError>, _: Duration, _: &mut ClusterIndex, _: &mut Syncer) {
+            self.0 += 1;
+        }
+    }
+
+    /// A sync that keeps failing is retried with backoff; the periodic timer does not sync on
+    /// every pass of the loop once the failures outlast the period.
+    #[test]
+    fn a_failing_sync_is_retried_with_backoff_not_by_the_periodic_timer() {
+        let (tx, rx) = mpsc::channel();
+        let stop = Arc::new(AtomicBool::new(false));
+        let mut kernel = FakeNetfilter::new();
+        // Every operation is refused, the table's first: the sync fails as a whole.
+        kernel.fail_on = Some(String::new());
+        let mut syncer = Syncer::new(ProxyConfig::new("node1"), Box::new(kernel), fixed_nodeports());
+        for e in lists(SVC, true) {
+            tx.send(e).unwrap();
+        }
+        let timing = Timing {
+            min_sync_period: Duration::from_millis(10),
+            sync_period: Duration::from_millis(100),
+            max_backoff: Duration::from_secs(1),
+            ..Timing::default()
+        };
+        let stopper = Arc::clone(&stop);
+        let sender = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(1500));
+            stopper.store(true, Ordering::Relaxed);
+            drop(tx);
+        });
+        let mut count = Count(0);
+        run(&mut ClusterIndex::new(), &mut syncer, &rx, &stop, timing, NodeGate::Listed, &mut count).unwrap();
+        sender.join().unwrap();
+        // The first sync at once, a retry a second later (the backoff), nothing else.
+        assert!((1..=3).contains(&count.0), "{} syncs in 1.5 s", count.0);
     }
 
     /// Node-port addresses from the Node, as `primary` resolves them.

@@ -119,7 +119,10 @@ pub fn run(plan: &ChurnPlan) -> Result<ChurnResult, BenchError> {
     .map(|s| s.to_string())
     .collect();
     let mut agent = Agent::start(&node.ns, &args)?;
-    agent.wait_for(Duration::from_secs(600), |l| l.commit().is_some())?;
+    let first = agent.wait_for(Duration::from_secs(600), |l| l.commit().is_some());
+    // `run` reads its kubeconfig once, at start.
+    let _ = std::fs::remove_file(&kubeconfig);
+    first?;
 
     // The probe: a pod connecting to the unchanged service throughout.
     let stop = Arc::new(AtomicBool::new(false));

@@ -341,8 +341,10 @@ fn run_api(ns: &Netns, api: &FakeApi, size: Size) -> Result<(Startup, Agent), Be
     let mut args = vec!["run".to_string(), "--kubeconfig".into(), kubeconfig.display().to_string()];
     args.extend(run_flags());
     let mut agent = Agent::start(ns, &args)?;
-    let startup = startup(&mut agent, "run, Kubernetes API", size, None)?;
-    Ok((startup, agent))
+    let startup = startup(&mut agent, "run, Kubernetes API", size, None);
+    // `run` reads its kubeconfig once, at start.
+    let _ = std::fs::remove_file(&kubeconfig);
+    Ok((startup?, agent))
 }
 
 /// One change of `kind` at `size` (the `n`-th of its kind), applied through the API server.
