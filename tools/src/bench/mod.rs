@@ -143,7 +143,7 @@ pub struct BenchArgs {
 }
 
 impl BenchArgs {
-    /// `--quick` overrides: what CI can afford in well under a minute.
+    /// `--quick` overrides: what CI can afford in about a minute.
     fn effective(&self) -> BenchArgs {
         if !self.quick {
             return self.clone();
