@@ -3,15 +3,14 @@
 //! everything from scratch gives, whatever the change — the differential oracle.
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
-use std::sync::{Arc, Mutex};
 
 use crate::common::Proxy;
 use nftproxy::config::ProxyConfig;
 use nftproxy::model::{ClusterState, EndpointSliceInfo, NodeInfo, SliceEndpoint};
 use nftproxy::net::IpFamily;
-use nftproxy::netlink::{ApplyStats, FakeNetfilter, Netfilter, NetlinkError};
-use nftproxy::nft::diff::{OpKind, Transaction, diff};
-use nftproxy::nft::wire::{WireRuleset, consts};
+use nftproxy::netlink::{NetlinkError, SharedFake};
+use nftproxy::nft::diff::{OpKind, diff};
+use nftproxy::nft::wire::consts;
 use nftproxy::nodeaddr::NodePortTargets;
 use nftproxy::plan::NodePorts;
 use nftproxy::sync::{SyncError, SyncReason, table_flags};
@@ -20,30 +19,8 @@ use nftproxy_tools::cluster::{self, Size};
 /// How many refused services one sync leaves out (the syncer's limit).
 const MAX_EXCLUSIONS_PER_SYNC: usize = 16;
 
-/// A fake kernel the test can inspect while the syncer owns it.
-#[derive(Clone, Default)]
-struct SharedKernel(Arc<Mutex<FakeNetfilter>>);
-
-impl Netfilter for SharedKernel {
-    fn apply(&mut self, tx: &Transaction) -> Result<ApplyStats, NetlinkError> {
-        self.0.lock().unwrap().apply(tx)
-    }
-
-    fn read(&mut self, tables: &[(IpFamily, &str)]) -> Result<WireRuleset, NetlinkError> {
-        self.0.lock().unwrap().read(tables)
-    }
-
-    fn generation(&mut self) -> Result<Option<u32>, NetlinkError> {
-        self.0.lock().unwrap().generation()
-    }
-
-    fn expect_generation(&mut self, genid: Option<u32>) {
-        self.0.lock().unwrap().expect_generation(genid);
-    }
-}
-
 /// The agent's two halves on node1 (cluster CIDR 10.128.0.0/9, node ports on 192.168.0.2).
-fn proxy(kernel: &SharedKernel) -> Proxy {
+fn proxy(kernel: &SharedFake) -> Proxy {
     let mut config = ProxyConfig::new("node1");
     config.cluster_cidrs = nftproxy::config::parse_cidrs("x", "10.128.0.0/9").unwrap();
     let targets = NodePortTargets {
@@ -55,10 +32,10 @@ fn proxy(kernel: &SharedKernel) -> Proxy {
 
 /// Asserts the kernel equals the from-scratch plan; returns the summary of the transaction
 /// the sync applied (the fake kernel's log has it).
-fn check(r: &mut Proxy, kernel: &SharedKernel, step: &str) -> Vec<String> {
+fn check(r: &mut Proxy, kernel: &SharedFake, step: &str) -> Vec<String> {
     let synced = r.sync(SyncReason::Changes, false).unwrap_or_else(|e| panic!("{step}: {e}"));
     let desired = r.desired();
-    let k = kernel.0.lock().unwrap();
+    let k = kernel.lock();
     let drift = diff(&k.state, &desired);
     assert!(drift.is_empty(), "{step}: the kernel differs from a full plan: {:#?}", drift.summary());
     let applied = k.applied.last().expect("a sync applies a transaction");
@@ -86,7 +63,7 @@ fn change(r: &mut Proxy, edit: impl FnOnce(&mut ClusterState)) {
 
 #[test]
 fn partial_syncs_program_what_a_full_plan_would() {
-    let kernel = SharedKernel::default();
+    let kernel = SharedFake::default();
     let mut r = proxy(&kernel);
     r.replace_state(cluster::state(Size { services: 60, endpoints: 3 }));
     let first = check(&mut r, &kernel, "initial");
@@ -173,7 +150,7 @@ fn partial_syncs_program_what_a_full_plan_would() {
 
 #[test]
 fn a_burst_of_changes_is_one_transaction_touching_only_them() {
-    let kernel = SharedKernel::default();
+    let kernel = SharedFake::default();
     let mut r = proxy(&kernel);
     r.replace_state(cluster::state(Size { services: 300, endpoints: 4 }));
     check(&mut r, &kernel, "initial");
@@ -185,7 +162,7 @@ fn a_burst_of_changes_is_one_transaction_touching_only_them() {
     let synced = r.sync(SyncReason::Changes, false).unwrap();
     assert!(!synced.report.full);
     let untouched: Vec<String> = (0..300).filter(|i| i % 3 != 0).map(|i| format!("ns{}/svc{i}:", i % 100)).collect();
-    let applied = kernel.0.lock().unwrap().applied.last().unwrap().clone();
+    let applied = kernel.lock().applied.last().unwrap().clone();
     for op in &applied.ops {
         // New endpoints: new endpoint chains for the services with affinity, nothing else.
         if let OpKind::AddChain { chain, .. } | OpKind::DeleteChain { chain } = &op.kind {
@@ -196,34 +173,34 @@ fn a_burst_of_changes_is_one_transaction_touching_only_them() {
         }
     }
     let desired = r.desired();
-    assert!(diff(&kernel.0.lock().unwrap().state, &desired).is_empty());
+    assert!(diff(&kernel.lock().state, &desired).is_empty());
 }
 
 #[test]
 fn a_failed_sync_forgets_its_memory_and_the_next_full_sync_converges() {
-    let kernel = SharedKernel::default();
+    let kernel = SharedFake::default();
     let mut r = proxy(&kernel);
     r.replace_state(cluster::state(Size { services: 20, endpoints: 3 }));
     check(&mut r, &kernel, "initial");
     change(&mut r, |s| {
         s.upsert_slice(cluster::slice(1, 6, 1));
     });
-    kernel.0.lock().unwrap().fail_on = Some("endpoints-".into());
+    kernel.lock().fail_on = Some("endpoints-".into());
     assert!(r.sync(SyncReason::Changes, false).is_err());
     assert!(r.syncer.needs_full());
-    kernel.0.lock().unwrap().fail_on = None;
+    kernel.lock().fail_on = None;
     let synced = r.sync(SyncReason::PreviousFailure, false).unwrap();
     assert!(synced.report.full);
     let desired = r.desired();
-    assert!(diff(&kernel.0.lock().unwrap().state, &desired).is_empty());
+    assert!(diff(&kernel.lock().state, &desired).is_empty());
 }
 
 #[test]
 fn a_service_the_kernel_refuses_is_left_out_reported_and_retried_when_it_changes() {
-    let kernel = SharedKernel::default();
+    let kernel = SharedFake::default();
     let mut r = proxy(&kernel);
     r.replace_state(cluster::state(Size { services: 20, endpoints: 3 }));
-    kernel.0.lock().unwrap().refuse_owner = Some("ns7/svc7:".into());
+    kernel.lock().refuse_owner = Some("ns7/svc7:".into());
     let synced = r.sync(SyncReason::Startup, true).expect("the others are applied");
     assert!(synced.report.full);
     let bad = cluster::service(7).name;
@@ -234,7 +211,7 @@ fn a_service_the_kernel_refuses_is_left_out_reported_and_retried_when_it_changes
     assert!(problems[0].object_skipped, "{}", problems[0]);
     assert!(problems[0].reason.contains("refused its rules"), "{}", problems[0]);
     {
-        let k = kernel.0.lock().unwrap();
+        let k = kernel.lock();
         assert!(diff(&k.state, &r.desired()).is_empty(), "the kernel holds everything but the refused service");
         let listing = r.render();
         assert!(!listing.contains("ns7/svc7:"), "the refused service is not programmed");
@@ -250,7 +227,7 @@ fn a_service_the_kernel_refuses_is_left_out_reported_and_retried_when_it_changes
     assert!(r.syncer.excluded().contains_key(&bad));
 
     // Once the kernel accepts it and it changes, it is programmed again.
-    kernel.0.lock().unwrap().refuse_owner = None;
+    kernel.lock().refuse_owner = None;
     change(&mut r, |s| {
         s.upsert_slice(cluster::slice(7, 2, 1));
     });
@@ -261,50 +238,50 @@ fn a_service_the_kernel_refuses_is_left_out_reported_and_retried_when_it_changes
 
 #[test]
 fn a_refused_shared_object_fails_the_sync_and_excludes_nobody() {
-    let kernel = SharedKernel::default();
+    let kernel = SharedFake::default();
     let mut r = proxy(&kernel);
     r.replace_state(cluster::state(Size { services: 5, endpoints: 2 }));
-    kernel.0.lock().unwrap().fail_on = Some("add chain ip nftproxy services".into());
+    kernel.lock().fail_on = Some("add chain ip nftproxy services".into());
     assert!(matches!(r.sync(SyncReason::Startup, true), Err(SyncError::Netlink(NetlinkError::Rejected(_)))));
     assert!(r.syncer.excluded().is_empty() && r.syncer.take_problems().is_empty());
     assert!(r.syncer.needs_full());
-    assert!(kernel.0.lock().unwrap().state.tables.is_empty(), "nothing was applied");
+    assert!(kernel.lock().state.tables.is_empty(), "nothing was applied");
 }
 
 #[test]
 fn owned_tables_carry_owner_and_persist_and_unowned_keep_persist() {
-    let kernel = SharedKernel::default();
+    let kernel = SharedFake::default();
     let mut r = proxy(&kernel);
     r.replace_state(cluster::state(Size { services: 3, endpoints: 1 }));
     check(&mut r, &kernel, "initial");
-    let flags = kernel.0.lock().unwrap().state.tables[0].flags;
+    let flags = kernel.lock().state.tables[0].flags;
     assert_eq!(flags, consts::TABLE_F_OWNER | consts::TABLE_F_PERSIST);
-    let have = kernel.0.lock().unwrap().state.tables[0].clone();
+    let have = kernel.lock().state.tables[0].clone();
     assert_eq!(table_flags(false, Some(&have)), consts::TABLE_F_PERSIST, "persist cannot be toggled");
     assert_eq!(table_flags(false, None), 0);
 }
 
 #[test]
 fn a_kernel_without_persist_gets_unowned_tables() {
-    let kernel = SharedKernel::default();
-    kernel.0.lock().unwrap().unknown_table_flags = consts::TABLE_F_PERSIST;
+    let kernel = SharedFake::default();
+    kernel.lock().unknown_table_flags = consts::TABLE_F_PERSIST;
     let mut r = proxy(&kernel);
     r.replace_state(cluster::state(Size { services: 3, endpoints: 1 }));
     assert!(r.syncer.owns_tables());
     r.sync(SyncReason::Startup, true).expect("falls back to unowned tables");
     assert!(!r.syncer.owns_tables());
     assert!(r.syncer.excluded().is_empty());
-    assert!(kernel.0.lock().unwrap().state.tables.iter().all(|t| t.flags == 0));
+    assert!(kernel.lock().state.tables.iter().all(|t| t.flags == 0));
     check(&mut r, &kernel, "later syncs");
 }
 
 #[test]
 fn many_refused_services_are_left_out_over_several_syncs() {
-    let kernel = SharedKernel::default();
+    let kernel = SharedFake::default();
     let mut r = proxy(&kernel);
     r.replace_state(cluster::state(Size { services: 200, endpoints: 2 }));
     // ns1/ and ns10/ to ns19/: 22 services, more than one sync leaves out.
-    kernel.0.lock().unwrap().refuse_owner = Some("ns1".into());
+    kernel.lock().refuse_owner = Some("ns1".into());
     assert!(r.sync(SyncReason::Startup, true).is_err(), "gives up after {MAX_EXCLUSIONS_PER_SYNC}");
     assert_eq!(r.syncer.excluded().len(), MAX_EXCLUSIONS_PER_SYNC);
     let synced = r.sync(SyncReason::PreviousFailure, true).expect("the next sync goes on");
@@ -312,29 +289,29 @@ fn many_refused_services_are_left_out_over_several_syncs() {
     assert_eq!(r.syncer.excluded().len(), 22);
     assert!(r.syncer.excluded().keys().all(|n| n.namespace.starts_with("ns1")));
     assert_eq!(r.syncer.take_problems().len(), 22, "one Problem per service, not per port or retry");
-    assert!(diff(&kernel.0.lock().unwrap().state, &r.desired()).is_empty());
+    assert!(diff(&kernel.lock().state, &r.desired()).is_empty());
 }
 
 #[test]
 fn a_service_refused_after_it_was_programmed_is_taken_out() {
-    let kernel = SharedKernel::default();
+    let kernel = SharedFake::default();
     let mut r = proxy(&kernel);
     r.replace_state(cluster::state(Size { services: 10, endpoints: 2 }));
     check(&mut r, &kernel, "initial");
-    kernel.0.lock().unwrap().refuse_owner = Some("ns4/svc4:".into());
+    kernel.lock().refuse_owner = Some("ns4/svc4:".into());
     change(&mut r, |s| {
         s.upsert_slice(cluster::slice(4, 3, 1));
     });
     let synced = r.sync(SyncReason::Changes, false).expect("the rest is applied");
     assert!(synced.report.full);
     assert!(r.syncer.excluded().contains_key(&cluster::service(4).name));
-    assert!(diff(&kernel.0.lock().unwrap().state, &r.desired()).is_empty());
+    assert!(diff(&kernel.lock().state, &r.desired()).is_empty());
     assert!(!r.render().contains("ns4/svc4:"), "its old rules are gone too");
 }
 
 #[test]
 fn a_restart_over_a_stale_ruleset_converges_in_one_transaction() {
-    let kernel = SharedKernel::default();
+    let kernel = SharedFake::default();
     let mut first = proxy(&kernel);
     first.replace_state(cluster::state(Size { services: 120, endpoints: 3 }));
     check(&mut first, &kernel, "initial");
@@ -344,7 +321,7 @@ fn a_restart_over_a_stale_ruleset_converges_in_one_transaction() {
     let mut second = proxy(&kernel);
     second.replace_state(cluster::changed_while_down(120));
     let ops = check(&mut second, &kernel, "restart over a stale ruleset");
-    assert_eq!(kernel.0.lock().unwrap().applied.len(), 2, "one transaction per sync");
+    assert_eq!(kernel.lock().applied.len(), 2, "one transaction per sync");
     assert!(ops.iter().any(|o| o.starts_with("delete chain ")), "gone services' chains are deleted: {ops:#?}");
     assert!(ops.iter().any(|o| o.starts_with("delete element ip nftproxy endpoints-")), "{ops:#?}");
     // Nothing is added again that the kernel already held: unchanged services cost nothing.
@@ -354,18 +331,18 @@ fn a_restart_over_a_stale_ruleset_converges_in_one_transaction() {
     second.syncer.read_back_next();
     let again = second.sync(SyncReason::Periodic, true).unwrap();
     assert!(again.report.full);
-    assert_eq!(again.report.apply.operations, 0, "{:#?}", kernel.0.lock().unwrap().applied.last().unwrap().summary());
+    assert_eq!(again.report.apply.operations, 0, "{:#?}", kernel.lock().applied.last().unwrap().summary());
     assert_eq!(again.report.drift_repairs, 0);
 }
 
 #[test]
 fn a_full_sync_repairs_drift() {
-    let kernel = SharedKernel::default();
+    let kernel = SharedFake::default();
     let mut r = proxy(&kernel);
     r.replace_state(cluster::state(Size { services: 40, endpoints: 3 }));
     check(&mut r, &kernel, "initial");
     {
-        let mut k = kernel.0.lock().unwrap();
+        let mut k = kernel.lock();
         let table = &mut k.state.tables[0];
         // An element gone from a shared map, a service chain flushed, a stray element added.
         let service_ips = table.sets.get_mut("service-ips").unwrap();
@@ -382,25 +359,25 @@ fn a_full_sync_repairs_drift() {
     r.syncer.read_back_next();
     let synced = r.sync(SyncReason::Periodic, true).unwrap();
     assert!(synced.report.drift_repairs >= 3, "{}", synced.report.drift_repairs);
-    assert!(diff(&kernel.0.lock().unwrap().state, &r.desired()).is_empty());
+    assert!(diff(&kernel.lock().state, &r.desired()).is_empty());
 }
 
 #[test]
 fn an_object_that_cannot_change_in_place_rebuilds_the_table_in_one_transaction() {
-    let kernel = SharedKernel::default();
+    let kernel = SharedFake::default();
     let mut r = proxy(&kernel);
     r.replace_state(cluster::state(Size { services: 30, endpoints: 2 }));
     check(&mut r, &kernel, "initial");
     {
-        let mut k = kernel.0.lock().unwrap();
+        let mut k = kernel.lock();
         let chain = k.state.tables[0].chains.values_mut().find(|c| c.name.starts_with("service-")).unwrap();
         chain.userdata = Some(nftproxy::nft::wire::udata::comment("changed by hand"));
     }
-    let before = kernel.0.lock().unwrap().applied.len();
+    let before = kernel.lock().applied.len();
     r.syncer.read_back_next();
     let synced = r.sync(SyncReason::Periodic, true).unwrap();
     assert!(synced.report.full);
-    let k = kernel.0.lock().unwrap();
+    let k = kernel.lock();
     assert_eq!(k.applied.len(), before + 1, "one transaction");
     let ops = k.applied.last().unwrap().summary();
     assert_eq!(ops[0], "delete table ip nftproxy", "{ops:#?}");

@@ -395,22 +395,10 @@ mod tests {
         assert_eq!(l.summary(), "ip6 kube-proxy; ip nat: 3 jump rule(s) and 5 KUBE- chain(s)");
     }
 
-    /// The fake kernel, shared with the test while a syncer holds it.
-    struct Shared(std::sync::Arc<std::sync::Mutex<crate::netlink::FakeNetfilter>>);
-
-    impl crate::netlink::Netfilter for Shared {
-        fn apply(&mut self, tx: &crate::nft::diff::Transaction) -> Result<crate::netlink::ApplyStats, NetlinkError> {
-            self.0.lock().unwrap().apply(tx)
-        }
-        fn read(&mut self, tables: &[(IpFamily, &str)]) -> Result<crate::nft::wire::WireRuleset, NetlinkError> {
-            self.0.lock().unwrap().read(tables)
-        }
-    }
-
     #[test]
     fn the_deletions_open_the_first_full_sync_and_only_it() {
         use crate::netlink::Netfilter as _;
-        let kernel = std::sync::Arc::new(std::sync::Mutex::new(crate::netlink::FakeNetfilter::new()));
+        let kernel = crate::netlink::SharedFake::new(crate::netlink::FakeNetfilter::new());
         let leftovers = Leftovers { tables: vec![IpFamily::V4], ..Leftovers::default() };
         let create = Op {
             family: IpFamily::V4,
@@ -418,26 +406,26 @@ mod tests {
             kind: OpKind::AddTable { flags: 0, userdata: None },
             owner: Owner::infrastructure(),
         };
-        kernel.lock().unwrap().apply(&crate::nft::diff::Transaction { ops: vec![create] }).unwrap();
+        kernel.lock().apply(&crate::nft::diff::Transaction { ops: vec![create] }).unwrap();
         let config = crate::config::ProxyConfig::new("node1");
         let nodeports: crate::sync::NodePortResolver = Box::new(|_, _| crate::nodeaddr::NodePortTargets {
             v4: crate::plan::NodePorts::Addresses(Vec::new()),
             v6: crate::plan::NodePorts::Addresses(Vec::new()),
         });
-        let mut syncer = crate::sync::Syncer::new(config, Box::new(Shared(kernel.clone())), nodeports);
+        let mut syncer = crate::sync::Syncer::new(config, Box::new(kernel.clone()), nodeports);
         syncer.prepend_to_next_full_sync(leftovers.ops());
         let state = crate::model::ClusterState::new();
         let pending = crate::index::Pending::default();
         syncer.sync(&state, &pending, crate::sync::SyncReason::Startup, true).unwrap();
         {
-            let k = kernel.lock().unwrap();
+            let k = kernel.lock();
             let first = k.applied.last().unwrap().summary();
             assert_eq!(first[0], "delete table ip kube-proxy");
             assert!(first[1..].iter().any(|op| op == "add table ip nftproxy"), "{first:?}");
             assert!(!k.state.tables.iter().any(|t| t.name == KUBE_PROXY_TABLE));
         }
         syncer.sync(&state, &pending, crate::sync::SyncReason::Periodic, true).unwrap();
-        let k = kernel.lock().unwrap();
+        let k = kernel.lock();
         assert!(k.applied.iter().skip(2).all(|tx| !tx.summary().iter().any(|op| op.contains("kube-proxy"))));
     }
 

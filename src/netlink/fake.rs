@@ -7,6 +7,7 @@
 //! (so tests delete several rules of one chain last first).
 
 use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use indexmap::IndexMap;
 
@@ -46,6 +47,40 @@ impl FakeNetfilter {
     /// Another process commits a transaction (of its own tables).
     pub fn foreign_commit(&mut self) {
         self.generation = super::next_generation(self.generation);
+    }
+}
+
+/// A fake kernel shared between the syncer that owns it (boxed) and the test that inspects it.
+#[derive(Debug, Clone, Default)]
+pub struct SharedFake(pub Arc<Mutex<FakeNetfilter>>);
+
+impl SharedFake {
+    /// Shares `kernel`.
+    pub fn new(kernel: FakeNetfilter) -> SharedFake {
+        SharedFake(Arc::new(Mutex::new(kernel)))
+    }
+
+    /// The fake kernel (a test that panicked while holding it leaves it usable).
+    pub fn lock(&self) -> MutexGuard<'_, FakeNetfilter> {
+        self.0.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+impl Netfilter for SharedFake {
+    fn apply(&mut self, tx: &Transaction) -> Result<ApplyStats, NetlinkError> {
+        self.lock().apply(tx)
+    }
+
+    fn read(&mut self, tables: &[(IpFamily, &str)]) -> Result<WireRuleset, NetlinkError> {
+        self.lock().read(tables)
+    }
+
+    fn generation(&mut self) -> Result<Option<u32>, NetlinkError> {
+        self.lock().generation()
+    }
+
+    fn expect_generation(&mut self, genid: Option<u32>) {
+        self.lock().expect_generation(genid);
     }
 }
 

@@ -29,7 +29,7 @@ use crate::nft::diff::{OpSink, OpTag, Transaction};
 use crate::nft::wire::WireRuleset;
 
 pub(crate) use counters::CountedElement;
-pub use fake::FakeNetfilter;
+pub use fake::{FakeNetfilter, SharedFake};
 pub(crate) use inventory::{BaseChainInfo, ChainInfo, ChainPolicy, RuleInfo, TableFamily, TableInfo};
 pub use inventory::{TABLE_F_OWNER, TABLE_F_PERSIST};
 

@@ -3,9 +3,8 @@
 
 use super::*;
 use crate::index::{Change, ClusterIndex, Update};
-use crate::netlink::{FakeNetfilter, Netfilter, NetlinkError};
+use crate::netlink::{FakeNetfilter, SharedFake};
 use crate::nft::ast::{Chain, Owner, Rule, Ruleset, Stmt, Table};
-use crate::nft::wire::WireRuleset;
 use crate::plan::NodePorts;
 use crate::plan::objects::{BalanceMap, MapKind};
 use crate::plan::tests::{config, state};
@@ -107,27 +106,8 @@ fn windows_found_in_the_kernel_are_read_from_its_balancing_rules() {
     );
 }
 
-/// The fake kernel, shared with the test while the syncer holds it.
-#[derive(Clone, Default)]
-struct Shared(std::sync::Arc<std::sync::Mutex<FakeNetfilter>>);
-
-impl Netfilter for Shared {
-    fn apply(&mut self, tx: &crate::nft::diff::Transaction) -> Result<crate::netlink::ApplyStats, NetlinkError> {
-        self.0.lock().unwrap().apply(tx)
-    }
-    fn read(&mut self, tables: &[(IpFamily, &str)]) -> Result<WireRuleset, NetlinkError> {
-        self.0.lock().unwrap().read(tables)
-    }
-    fn generation(&mut self) -> Result<Option<u32>, NetlinkError> {
-        self.0.lock().unwrap().generation()
-    }
-    fn expect_generation(&mut self, genid: Option<u32>) {
-        self.0.lock().unwrap().expect_generation(genid);
-    }
-}
-
-fn shared_syncer(owned: bool) -> (Shared, Syncer) {
-    let kernel = Shared(std::sync::Arc::new(std::sync::Mutex::new(FakeNetfilter::new())));
+fn shared_syncer(owned: bool) -> (SharedFake, Syncer) {
+    let kernel = SharedFake::new(FakeNetfilter::new());
     let mut c = config();
     c.table_ownership = owned;
     (kernel.clone(), Syncer::new(c, Box::new(kernel), fixed_nodeports()))
@@ -140,11 +120,11 @@ fn a_periodic_sync_reads_back_only_when_the_tables_may_have_changed() {
         let mut index = ClusterIndex::new();
         reset(&mut index, &web_with(&["10.0.1.1", "10.0.1.2"], ""));
         assert!(sync(&mut syncer, &mut index, SyncReason::Startup, true).report.full);
-        let transactions = kernel.0.lock().unwrap().applied.len();
+        let transactions = kernel.lock().applied.len();
         // Nothing changed anywhere: no read-back, nothing sent.
         let quiet = sync(&mut syncer, &mut index, SyncReason::Periodic, true);
         assert!(!quiet.report.full, "owned {owned}");
-        assert_eq!(kernel.0.lock().unwrap().applied.len(), transactions);
+        assert_eq!(kernel.lock().applied.len(), transactions);
         // A change of this process's own keeps the proof.
         reset(&mut index, &web_with(&["10.0.1.1"], ""));
         assert!(!sync(&mut syncer, &mut index, SyncReason::Changes, false).report.full);
@@ -152,7 +132,7 @@ fn a_periodic_sync_reads_back_only_when_the_tables_may_have_changed() {
         // What the loop asks when a periodic sync falls due with changes pending.
         assert!(!syncer.periodic_needs_read_back(index.state()).unwrap(), "owned {owned}");
         // Another process commits: owned tables cannot have changed; unowned ones are read back.
-        kernel.0.lock().unwrap().foreign_commit();
+        kernel.lock().foreign_commit();
         assert_eq!(syncer.periodic_needs_read_back(index.state()).unwrap(), !owned, "owned {owned}");
         let after_foreign = sync(&mut syncer, &mut index, SyncReason::Periodic, true);
         assert_eq!(after_foreign.report.full, !owned, "owned {owned}");
@@ -169,16 +149,16 @@ fn a_partial_sync_over_a_foreign_commit_becomes_a_full_one() {
     let mut index = ClusterIndex::new();
     reset(&mut index, &web_with(&["10.0.1.1"], ""));
     sync(&mut syncer, &mut index, SyncReason::Startup, true);
-    kernel.0.lock().unwrap().foreign_commit();
+    kernel.lock().foreign_commit();
     reset(&mut index, &web_with(&["10.0.1.1", "10.0.1.2"], ""));
     let next = sync(&mut syncer, &mut index, SyncReason::Changes, false);
     assert!(next.report.full, "the guarded partial transaction was refused, a full sync followed");
-    assert_eq!(syncer.desired(index.state()).tables.len(), kernel.0.lock().unwrap().state.tables.len());
+    assert_eq!(syncer.desired(index.state()).tables.len(), kernel.lock().state.tables.len());
     // Owned tables need no guard: another process's commit changes nothing for them.
     let (kernel, mut syncer) = shared_syncer(true);
     reset(&mut index, &web_with(&["10.0.1.1"], ""));
     sync(&mut syncer, &mut index, SyncReason::Startup, true);
-    kernel.0.lock().unwrap().foreign_commit();
+    kernel.lock().foreign_commit();
     reset(&mut index, &web_with(&["10.0.1.1", "10.0.1.2"], ""));
     assert!(!sync(&mut syncer, &mut index, SyncReason::Changes, false).report.full);
 }
