@@ -250,7 +250,7 @@ pub(crate) fn run(
         // A periodic sync is full unless changes are pending and the tables provably cannot
         // have drifted: then the changes alone are synced, and it still counts as the periodic
         // sync (a full one would hold every change of its second back by its own length).
-        // ServiceCIDRs are in the infrastructure, which full syncs write.
+        // Full anyway (the syncer also makes a ServiceCIDR change full): no drift check.
         let forced_full = last_sync.is_none() || retry_at.is_some() || pending.service_cidrs_changed;
         let full = forced_full
             || (periodic_due && (pending.is_empty() || needs_read_back(syncer, index)));

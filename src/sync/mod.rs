@@ -447,6 +447,8 @@ impl Syncer {
         let full = full
             || self.needs_full()
             || pending.node_changed
+            // ServiceCIDRs are in the infrastructure, which full syncs write.
+            || pending.service_cidrs_changed
             || self.programmed.as_ref().is_none_or(|p| p.families() != families)
             || self.targets.as_ref() != Some(&targets);
 

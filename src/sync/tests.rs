@@ -197,3 +197,19 @@ fn health_checks_are_shared_until_one_changes_and_totals_follow_partial_syncs() 
     assert!(gone.health_checks.is_empty());
     assert_eq!(gone.stats, PlanStats::default());
 }
+
+/// ServiceCIDRs live in the infrastructure, which only a full sync writes: a sync asked to be
+/// partial with a ServiceCIDR change pending is full, whoever calls it.
+#[test]
+fn a_service_cidr_change_makes_the_sync_full() {
+    let (kernel, mut syncer) = shared_syncer(true);
+    let mut index = ClusterIndex::new();
+    reset(&mut index, &web_with(&["10.0.1.1"], ""));
+    assert!(sync(&mut syncer, &mut index, SyncReason::Startup, true).report.full);
+    let cidr = crate::model::ServiceCidrInfo { name: "kubernetes".into(), cidrs: vec!["10.96.0.0/16".parse().unwrap()] };
+    index.apply(Update::ServiceCidr(Change::Apply(cidr)));
+    let after = sync(&mut syncer, &mut index, SyncReason::Changes, false);
+    assert!(after.report.full);
+    let k = kernel.lock();
+    assert!(k.state.tables[0].sets.get("service-cidrs").is_some_and(|s| !s.elements.is_empty()));
+}
