@@ -247,13 +247,13 @@ pub(crate) fn run(
         } else {
             SyncReason::Periodic
         };
-        // A periodic sync is full unless changes are pending and the tables provably cannot
-        // have drifted: then the changes alone are synced, and it still counts as the periodic
-        // sync (a full one would hold every change of its second back by its own length).
-        // Full anyway (the syncer also makes a ServiceCIDR change full): no drift check.
+        // Syncs that are full anyway need no drift check (the syncer also makes a ServiceCIDR
+        // change full by itself). A periodic sync is full unless changes are pending and the
+        // tables provably cannot have drifted: then the changes alone are synced, and it still
+        // counts as the periodic sync (a full one would hold every change of its second back by
+        // its own length).
         let forced_full = last_sync.is_none() || retry_at.is_some() || pending.service_cidrs_changed;
-        let full = forced_full
-            || (periodic_due && (pending.is_empty() || needs_read_back(syncer, index)));
+        let full = forced_full || (periodic_due && (pending.is_empty() || needs_read_back(syncer, index)));
         let syncing = Instant::now();
         let result = syncer.sync(index.state(), &pending, reason, full);
         let previous = last_sync;

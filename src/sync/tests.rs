@@ -206,7 +206,8 @@ fn a_service_cidr_change_makes_the_sync_full() {
     let mut index = ClusterIndex::new();
     reset(&mut index, &web_with(&["10.0.1.1"], ""));
     assert!(sync(&mut syncer, &mut index, SyncReason::Startup, true).report.full);
-    let cidr = crate::model::ServiceCidrInfo { name: "kubernetes".into(), cidrs: vec!["10.96.0.0/16".parse().unwrap()] };
+    let cidr =
+        crate::model::ServiceCidrInfo { name: "kubernetes".into(), cidrs: vec!["10.96.0.0/16".parse().unwrap()] };
     index.apply(Update::ServiceCidr(Change::Apply(cidr)));
     let after = sync(&mut syncer, &mut index, SyncReason::Changes, false);
     assert!(after.report.full);
