@@ -94,7 +94,6 @@ pub struct SyncReport {
 /// What observers (health servers, metrics, conntrack cleanup) learn after a successful sync.
 #[derive(Debug, Clone)]
 pub struct Synced {
-    pub at: Instant,
     /// Where NodePorts (and health-check servers) listen.
     pub nodeports: NodePortTargets,
     /// Every health check; the same allocation as the last sync's when none changed.
@@ -411,7 +410,6 @@ impl Syncer {
             total: started.elapsed(),
         };
         Ok(Some(Synced {
-            at: Instant::now(),
             nodeports: targets,
             health_checks: programmed.health_checks(),
             conntrack: ConntrackUpdate::none(),
@@ -519,7 +517,6 @@ impl Syncer {
             "synced"
         );
         Ok(Synced {
-            at: Instant::now(),
             nodeports: targets,
             health_checks: programmed.health_checks(),
             conntrack,
