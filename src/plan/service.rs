@@ -228,8 +228,8 @@ impl<'a> PortPlan<'a> {
             }
         }
 
+        out.conntrack.extend(super::conntrack::target(family, sp, self.input.state));
         if balanced {
-            out.conntrack.extend(super::conntrack::target(family, sp, self.input.state));
             return self.cat.reachable;
         }
 
@@ -279,8 +279,6 @@ impl<'a> PortPlan<'a> {
                 table.own.add_chain(chain);
             }
         }
-
-        out.conntrack.extend(super::conntrack::target(family, sp, self.input.state));
         self.cat.reachable
     }
 
