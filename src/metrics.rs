@@ -429,8 +429,8 @@ impl ProcessCollector {
         Some(rest.split_whitespace().map(str::to_string).collect())
     }
 
-    fn status_kib(key: &str) -> Option<f64> {
-        let text = std::fs::read_to_string("/proc/self/status").ok()?;
+    /// A `kB` field of `/proc/self/status` (read once per scrape), in bytes.
+    fn status_kib(text: &str, key: &str) -> Option<f64> {
         let line = text.lines().find(|l| l.starts_with(key))?;
         line[key.len()..].split_whitespace().next()?.parse::<f64>().ok().map(|kib| kib * 1024.0)
     }
@@ -471,7 +471,8 @@ impl Collector for ProcessCollector {
         gauge(&mut encoder, "process_open_fds", "Number of open file descriptors.", open)?;
         let max_fds = Self::limit(nix::sys::resource::Resource::RLIMIT_NOFILE);
         gauge(&mut encoder, "process_max_fds", "Maximum number of open file descriptors.", max_fds)?;
-        let vm = Self::status_kib("VmSize:");
+        let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+        let vm = Self::status_kib(&status, "VmSize:");
         gauge(&mut encoder, "process_virtual_memory_bytes", "Virtual memory size in bytes.", vm)?;
         let vm_max = Self::limit(nix::sys::resource::Resource::RLIMIT_AS);
         gauge(
@@ -480,7 +481,7 @@ impl Collector for ProcessCollector {
             "Maximum amount of virtual memory available in bytes.",
             vm_max,
         )?;
-        let rss = Self::status_kib("VmRSS:");
+        let rss = Self::status_kib(&status, "VmRSS:");
         gauge(&mut encoder, "process_resident_memory_bytes", "Resident memory size in bytes.", rss)?;
         let start = field(22).zip(Self::boot_time()).map(|(ticks, boot)| boot + ticks / USER_HZ);
         gauge(
