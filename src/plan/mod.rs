@@ -263,7 +263,8 @@ pub(crate) fn window_demands(input: &PlanInput<'_>, families: &[IpFamily], servi
     let node = service::NodeContext::of(input);
     let mut out = Vec::new();
     for &family in families {
-        for sp in &service.ports {
+        // A balanced port has no window: it is skipped before its endpoints are sorted.
+        for sp in service.ports.iter().filter(|sp| !service::balanced(sp)) {
             if let Some(port) = service::PortPlan::new(family, sp, input, &node) {
                 out.extend(port.window_demands());
             }

@@ -38,6 +38,13 @@ pub(super) struct PortPlan<'a> {
     base: String,
 }
 
+/// Whether the port is balanced by the shared balancing chains, with no chain of its own: all
+/// but session affinity (per-endpoint state) and `externalTrafficPolicy: Local` on an
+/// externally reachable port (which tells pods and the node apart from other sources).
+pub(super) fn balanced(sp: &ServicePort) -> bool {
+    sp.session_affinity_secs.is_none() && !sp.external_local()
+}
+
 /// Whether a chain balancing over `n` endpoints uses a window of an endpoint map (rather than
 /// a plain DNAT or goto).
 fn windowed(n: usize) -> bool {
@@ -70,11 +77,8 @@ impl<'a> PortPlan<'a> {
         if self.sp.session_affinity_secs.is_some() { MapKind::Chains } else { MapKind::Targets }
     }
 
-    /// Whether the port is balanced by the shared balancing chains, with no chain of its own:
-    /// all but session affinity (per-endpoint state) and `externalTrafficPolicy: Local` on an
-    /// externally reachable port (which tells pods and the node apart from other sources).
     fn balanced(&self) -> bool {
-        self.sp.session_affinity_secs.is_none() && !self.sp.external_local()
+        balanced(self.sp)
     }
 
     /// The endpoint windows this port's balancing chains need.

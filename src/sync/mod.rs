@@ -516,13 +516,7 @@ impl Syncer {
             kernel_ms = format!("{:.1}", report.apply.kernel.as_secs_f64() * 1000.0),
             "synced"
         );
-        Ok(Synced {
-            nodeports: targets,
-            health_checks: programmed.health_checks(),
-            conntrack,
-            stats,
-            report,
-        })
+        Ok(Synced { nodeports: targets, health_checks: programmed.health_checks(), conntrack, stats, report })
     }
 
     /// Reads the kernel's tables and streams everything planned against them (see [`delta`]).
