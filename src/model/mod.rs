@@ -260,8 +260,8 @@ pub struct ServiceInfo {
 }
 
 /// What one service was planned from: its Service, EndpointSlices and this node, shared with
-/// the [`ClusterState`] they came from.
-#[derive(Debug, Clone)]
+/// the [`ClusterState`] they came from. Snapshots compare by content.
+#[derive(Debug, Clone, PartialEq)]
 pub struct ServiceSnapshot {
     pub name: NamespacedName,
     pub service: Option<Arc<ServiceInfo>>,

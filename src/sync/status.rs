@@ -96,12 +96,7 @@ impl Syncer {
             let record = self.programmed.as_ref().and_then(|p| p.service(&service.name));
             // The record shares its objects with the state it was planned from.
             let current = state.snapshot(&service.name);
-            let unchanged = record.is_some_and(|r| {
-                r.state.service.as_deref() == Some(service)
-                    && r.state.slices.len() == current.slices.len()
-                    && r.state.slices.iter().zip(&current.slices).all(|(a, b)| a == b)
-                    && r.state.node.as_deref() == state.node()
-            });
+            let unchanged = record.is_some_and(|r| r.state == current);
             let (planned, programmed) = match record.filter(|_| unchanged) {
                 Some(r) => (r.state.to_state(), Some(r)),
                 None => (current.to_state(), None),
