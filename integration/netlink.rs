@@ -13,7 +13,7 @@ use nftproxy::nft::*;
 use nftproxy::sync::SyncReason;
 use nftproxy_tools::lab::Netns;
 
-use crate::common::skip_unless_privileged;
+use crate::common::{ruleset_of, skip_unless_privileged};
 
 fn ip(s: &str) -> IpAddr {
     s.parse().unwrap()
@@ -212,10 +212,6 @@ fn every_shape_ruleset() -> Ruleset {
     Ruleset { tables: vec![every_shape(IpFamily::V4), every_shape(IpFamily::V6)] }
 }
 
-fn nft_list(ns: &Netns) -> String {
-    String::from_utf8(ns.exec("nft", &["list", "ruleset"]).unwrap().stdout).unwrap()
-}
-
 #[test]
 fn every_shape_round_trips_through_the_kernel() {
     if skip_unless_privileged() {
@@ -240,7 +236,7 @@ fn every_shape_round_trips_through_the_kernel() {
 
     // What nft lists is exactly what we render.
     let rendered = desired.to_string();
-    assert_eq!(canonicalize(&nft_list(&ns)), canonicalize(&rendered));
+    assert_eq!(canonicalize(&ruleset_of(&ns)), canonicalize(&rendered));
 
     // Reading the tables back gives what we wrote: a second sync has nothing to do.
     let again = diff(&readback, &wire);
@@ -252,7 +248,7 @@ fn every_shape_round_trips_through_the_kernel() {
     std::fs::write(&path, &rendered).unwrap();
     other.exec("nft", &["-f", path.to_str().unwrap()]).unwrap();
     std::fs::remove_file(&path).ok();
-    assert_eq!(canonicalize(&nft_list(&other)), canonicalize(&rendered));
+    assert_eq!(canonicalize(&ruleset_of(&other)), canonicalize(&rendered));
 }
 
 /// Service default/web (TCP http and UDP echo-udp, three endpoints) and one without endpoints.
@@ -344,7 +340,7 @@ fn one_endpoint_change_sends_only_what_changed() {
         assert_eq!(handles(&listing_before, chain), handles(&listing_after, chain), "rules of {chain} untouched");
         assert!(!handles(&listing_after, chain).is_empty());
     }
-    let plain = String::from_utf8(ns.exec("nft", &["list", "ruleset"]).unwrap().stdout).unwrap();
+    let plain = ruleset_of(&ns);
     assert_eq!(canonicalize(&plain), canonicalize(&planned));
 }
 
@@ -403,7 +399,7 @@ fn golden_rulesets_load_in_nft_and_list_identically() {
         let ns = Netns::create("golden").unwrap();
         ns.exec("nft", &["-f", path.to_str().unwrap()]).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
         let golden = std::fs::read_to_string(&path).unwrap();
-        assert_eq!(canonicalize(&nft_list(&ns)), canonicalize(&golden), "{}", path.display());
+        assert_eq!(canonicalize(&ruleset_of(&ns)), canonicalize(&golden), "{}", path.display());
         checked += 1;
     }
     assert!(checked >= 1);
