@@ -1,6 +1,7 @@
 //! NodePort, LoadBalancer and ExternalIP traffic with real packets: who answers, and which
 //! source address the backend sees.
 
+use crate::common::{backends, set};
 use std::collections::BTreeSet;
 use std::time::Duration;
 
@@ -9,16 +10,8 @@ use nftproxy::net::L4Proto;
 
 const NODE: &str = "192.168.50.2";
 
-fn backends(t: &nftproxy_tools::lab::traffic::Tally) -> BTreeSet<String> {
-    t.by_backend.keys().cloned().collect()
-}
-
 fn sources(t: &nftproxy_tools::lab::traffic::Tally) -> BTreeSet<String> {
     t.sources.keys().map(|s| s.to_string()).collect()
-}
-
-fn set(items: &[&str]) -> BTreeSet<String> {
-    items.iter().map(|s| s.to_string()).collect()
 }
 
 /// The addresses node1 masquerades to: its bridge (local pods) or its wan address (node2).

@@ -5,17 +5,13 @@
 //! and against the test API server: no sync before the Node is known, and upstream's Event for
 //! a health-check node port that cannot be bound.
 
-use std::collections::BTreeSet;
+use crate::common::backends;
 use std::time::{Duration, SystemTime};
 
 use crate::common::apiserver::{FakeApi, objects};
 use crate::common::*;
 use nftproxy::net::L4Proto;
 use serde_json::Value;
-
-fn backends(t: &nftproxy_tools::lab::traffic::Tally) -> BTreeSet<String> {
-    t.by_backend.keys().cloned().collect()
-}
 
 /// The dual-stack node that lost its IPv6 NodePorts: `--nodeport-addresses` lists only an IPv4
 /// range, so IPv6 (no CIDR given) accepts NodePorts on all its addresses, as upstream.

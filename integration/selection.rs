@@ -1,7 +1,7 @@
 //! Endpoint selection with real packets: session affinity, internalTrafficPolicy, terminating
 //! fallback, topology hints, stale conntrack cleanup, IPv6 and SCTP.
 
-use std::collections::BTreeSet;
+use crate::common::{backends, set};
 use std::net::SocketAddr;
 use std::time::Duration;
 
@@ -9,14 +9,6 @@ use crate::common::*;
 use nftproxy::net::L4Proto;
 use nftproxy::nft::canonical::canonicalize;
 use nftproxy_tools::lab::traffic;
-
-fn backends(t: &nftproxy_tools::lab::traffic::Tally) -> BTreeSet<String> {
-    t.by_backend.keys().cloned().collect()
-}
-
-fn set(items: &[&str]) -> BTreeSet<String> {
-    items.iter().map(|s| s.to_string()).collect()
-}
 
 fn web<'a>(endpoints: &'a [Ep<'a>]) -> Svc<'a> {
     Svc { name: "web", cluster_ip: "10.96.0.10", endpoints, ..Default::default() }

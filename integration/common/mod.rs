@@ -29,6 +29,16 @@ pub fn ruleset_of(ns: &nftproxy_tools::lab::Netns) -> String {
     String::from_utf8_lossy(&ns.exec("nft", &["list", "ruleset"]).unwrap().stdout).into_owned()
 }
 
+/// The pods that answered.
+pub fn backends(t: &nftproxy_tools::lab::traffic::Tally) -> std::collections::BTreeSet<String> {
+    t.by_backend.keys().cloned().collect()
+}
+
+/// A set of names, to compare with [`backends`].
+pub fn set(items: &[&str]) -> std::collections::BTreeSet<String> {
+    items.iter().map(|s| s.to_string()).collect()
+}
+
 /// Manifests text as a source sends it to the index: complete lists of every kind. The text
 /// must have no problems.
 pub fn updates_of(yaml: &str) -> Vec<Update> {
