@@ -1,7 +1,6 @@
 //! NodePort, LoadBalancer and ExternalIP traffic with real packets: who answers, and which
 //! source address the backend sees.
 
-use crate::common::{backends, set};
 use std::collections::BTreeSet;
 use std::time::Duration;
 

@@ -5,7 +5,6 @@
 //! and against the test API server: no sync before the Node is known, and upstream's Event for
 //! a health-check node port that cannot be bound.
 
-use crate::common::backends;
 use std::time::{Duration, SystemTime};
 
 use crate::common::apiserver::{FakeApi, objects};

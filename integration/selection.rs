@@ -1,7 +1,6 @@
 //! Endpoint selection with real packets: session affinity, internalTrafficPolicy, terminating
 //! fallback, topology hints, stale conntrack cleanup, IPv6 and SCTP.
 
-use crate::common::{backends, set};
 use std::net::SocketAddr;
 use std::time::Duration;
 
