@@ -668,11 +668,7 @@ impl Syncer {
     /// The whole ruleset planned from scratch for `state`, with endpoint windows where they are:
     /// what the kernel holds after a successful sync, partial or full (tests compare the two).
     pub fn desired(&mut self, state: &ClusterState) -> WireRuleset {
-        let targets = self.targets.clone().unwrap_or_else(|| (self.nodeports)(&self.config, state.node()));
-        let state = plannable(state, &self.excluded);
-        let input =
-            PlanInput { config: &self.config, state: &state, nodeports_v4: &targets.v4, nodeports_v6: &targets.v6 };
-        let mut desired = lower_ruleset(&plan::plan_placed(&input, &self.placement).ruleset);
+        let mut desired = lower_ruleset(&self.planned(state));
         for table in &mut desired.tables {
             table.flags =
                 self.table_flags.get(table.family).copied().unwrap_or_else(|| table_flags(self.ownership, None));
@@ -682,11 +678,17 @@ impl Syncer {
 
     /// The programmed ruleset as nft text (what `nft list ruleset` should show).
     pub fn render(&mut self, state: &ClusterState) -> String {
+        self.planned(state).to_string()
+    }
+
+    /// The whole ruleset planned from `state` with the programmed node-port addresses and
+    /// endpoint windows, leaving out the services the kernel refused.
+    fn planned(&mut self, state: &ClusterState) -> crate::nft::ast::Ruleset {
         let targets = self.targets.clone().unwrap_or_else(|| (self.nodeports)(&self.config, state.node()));
         let state = plannable(state, &self.excluded);
         let input =
             PlanInput { config: &self.config, state: &state, nodeports_v4: &targets.v4, nodeports_v6: &targets.v6 };
-        plan::plan_placed(&input, &self.placement).ruleset.to_string()
+        plan::plan_placed(&input, &self.placement).ruleset
     }
 }
 
