@@ -295,8 +295,11 @@ pub(crate) fn plan_service(
         for sp in &service.ports {
             let Some(port) = service::PortPlan::new(family, sp, input, &node) else { continue };
             let used = port.write(&mut fragment, slots, &mut out);
+            // One owner per port: the batch keeps every element's owner (to name it in an
+            // error), and a port of 50 endpoints would otherwise hold 50 copies of its name.
+            let owner = Owner::service_port(&sp.name);
             for e in used {
-                hairpins.entry(e.ip).or_insert_with(|| Owner::service_port(&sp.name));
+                hairpins.entry(e.ip).or_insert_with(|| owner.clone());
             }
         }
         for (ip, owner) in hairpins {
