@@ -100,6 +100,15 @@ fn partial_syncs_program_what_a_full_plan_would() {
         s.upsert_service(svc);
     });
     check(&mut r, &kernel, "a contested ClusterIP");
+    // The winner's balancing keys move to another map; the loser's become the kernel's.
+    change(&mut r, |s| {
+        s.upsert_slice(cluster::slice(4, 5, 0));
+    });
+    check(&mut r, &kernel, "the winner of a contested ClusterIP gets more endpoints");
+    change(&mut r, |s| {
+        s.upsert_slice(cluster::slice(4, 3, 0));
+    });
+    check(&mut r, &kernel, "and as many as the other claimant again");
     change(&mut r, |s| {
         s.remove_service(&cluster::service(4).name);
     });

@@ -11,6 +11,7 @@
 //! as [`crate::plan::plan`] merges, so both program the same ruleset.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::sync::Arc;
 
 use smallvec::SmallVec;
@@ -40,6 +41,36 @@ pub(super) type Fragments = FamilyMap<WireFragment>;
 
 /// A key of a shared set other than an endpoint map and `hairpin-endpoints`.
 type SharedKey = (IpFamily, SharedSet, WireKey);
+
+/// Bytes of the endpoint index that ends every key of a balancing map (`numgen` writes a
+/// 32-bit register).
+const INDEX_LEN: usize = 4;
+
+/// The key a claim on `key` is counted under. A balancing map's keys are a service address and
+/// an endpoint index, and an address with N endpoints claims the indexes `0..N` together (in
+/// `service-endpoints-N`, N elements), so its claim is kept once, under the address: at
+/// 5,000 × 50 that is 5,000 claims instead of 250,000.
+fn claim_key(set: SharedSet, key: &WireKey) -> WireKey {
+    match set {
+        SharedSet::Balance(..) => WireKey::new(&key.bytes[..key.bytes.len().saturating_sub(INDEX_LEN)]),
+        _ => key.clone(),
+    }
+}
+
+/// The endpoint address of a `hairpin-endpoints` key (`address . address`, the same address
+/// twice), which its count is kept under.
+fn hairpin_address(family: IpFamily, key: &WireKey) -> Option<IpAddr> {
+    match family {
+        IpFamily::V4 => {
+            let octets: [u8; 4] = key.bytes.get(..4)?.try_into().ok()?;
+            Some(IpAddr::V4(Ipv4Addr::from(octets)))
+        }
+        IpFamily::V6 => {
+            let octets: [u8; 16] = key.bytes.get(..16)?.try_into().ok()?;
+            Some(IpAddr::V6(Ipv6Addr::from(octets)))
+        }
+    }
+}
 
 /// Who claims a shared key, in name order: almost always one service (a key claimed twice is
 /// conflicting input, and the first claimant wins). The name is shared by all the keys one
@@ -71,9 +102,10 @@ pub(super) struct Programmed {
     infrastructure: FamilyMap<WireTable>,
     services: BTreeMap<NamespacedName, ProgrammedService>,
     claims: HashMap<SharedKey, Claim>,
-    /// How many services claim each `hairpin-endpoints` key: a pod behind two services is
-    /// legitimate, and the element is the same whoever claims it.
-    hairpins: HashMap<(IpFamily, WireKey), u32>,
+    /// How many services claim each `hairpin-endpoints` key, by its address (one per endpoint:
+    /// the address is a third of the key's size): a pod behind two services is legitimate, and
+    /// the element is the same whoever claims it.
+    hairpins: HashMap<IpAddr, u32>,
     /// Claimed elements per set created on demand (endpoint and balancing maps): a map exists
     /// while it holds any.
     maps: HashMap<(IpFamily, SharedSet), usize>,
@@ -145,14 +177,18 @@ impl Programmed {
                 if *set == SharedSet::Hairpin {
                     let hairpins = &self.hairpins;
                     elements.retain(|key, _| {
-                        !held_by_infrastructure(key) && hairpins.get(&(family, key.clone())) == Some(&1)
+                        !held_by_infrastructure(key)
+                            && hairpin_address(family, key).and_then(|a| hairpins.get(&a)) == Some(&1)
                     });
                     continue;
                 }
                 let claims = &self.claims;
                 elements.retain(|key, _| {
                     !held_by_infrastructure(key)
-                        && claims.get(&(family, *set, key.clone())).and_then(|c| c.first()).is_some_and(|c| **c == name)
+                        && claims
+                            .get(&(family, *set, claim_key(*set, key)))
+                            .and_then(|c| c.first())
+                            .is_some_and(|c| **c == name)
                 });
             }
         }
@@ -222,18 +258,24 @@ impl Programmed {
                     continue;
                 }
                 if *set == SharedSet::Hairpin {
-                    for key in elements.keys() {
-                        let k = (family, key.clone());
-                        let count = self.hairpins.entry(k.clone()).or_default();
+                    for address in elements.keys().filter_map(|key| hairpin_address(family, key)) {
+                        let count = self.hairpins.entry(address).or_default();
                         *count = u32::try_from((i64::from(*count) + delta).max(0)).unwrap_or(0);
                         if *count == 0 {
-                            self.hairpins.remove(&k);
+                            self.hairpins.remove(&address);
                         }
                     }
                     continue;
                 }
+                let mut last: Option<WireKey> = None;
                 for key in elements.keys() {
-                    let k = (family, *set, key.clone());
+                    // A balancing map's keys of one address are adjacent (the index comes last).
+                    let claimed = claim_key(*set, key);
+                    if last.as_ref() == Some(&claimed) {
+                        continue;
+                    }
+                    last = Some(claimed.clone());
+                    let k = (family, *set, claimed);
                     let claim = self.claims.entry(k.clone()).or_default();
                     match (claim.binary_search_by(|c| c.as_ref().cmp(name)), delta > 0) {
                         (Err(at), true) => {
@@ -279,13 +321,14 @@ impl Programmed {
         if set == SharedSet::Hairpin {
             // The same element whoever claims it (only the owner differs, and only content is
             // compared).
-            return self.hairpins.get(&(family, key.clone())).filter(|n| **n > 0).map(|_| WireElement {
+            let address = hairpin_address(family, key)?;
+            return self.hairpins.get(&address).filter(|n| **n > 0).map(|_| WireElement {
                 data: WireData::None,
                 userdata: None,
                 owner: Owner::infrastructure(),
             });
         }
-        let claim = self.claims.get(&(family, set, key.clone()))?;
+        let claim = self.claims.get(&(family, set, claim_key(set, key)))?;
         // The first claimant in name order wins, as when the whole ruleset is planned.
         let first: &NamespacedName = claim.first()?;
         match hint {
