@@ -8,7 +8,7 @@
 //! address of another family than `spec.ipFamilies` says, a repeated port name) can still come
 //! from manifests: it is reported and skipped the same way, the first of duplicates kept.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, HashMap};
 use std::net::IpAddr;
 
 use super::api;
@@ -501,11 +501,11 @@ pub(crate) fn endpoint_slice(slice: &api::EndpointSlice) -> Converted<EndpointSl
             zone_hints: hints
                 .and_then(|h| h.for_zones.as_ref())
                 .map(|z| z.iter().map(|z| z.name.clone()).collect())
-                .unwrap_or_else(BTreeSet::new),
+                .unwrap_or_default(),
             node_hints: hints
                 .and_then(|h| h.for_nodes.as_ref())
                 .map(|n| n.iter().map(|n| n.name.clone()).collect())
-                .unwrap_or_else(BTreeSet::new),
+                .unwrap_or_default(),
         });
     }
     ports.shrink_to_fit();

@@ -103,6 +103,37 @@ impl ServicePort {
     }
 }
 
+/// An endpoint's topology hints of one kind (`hints.forZones` or `hints.forNodes` names). Most
+/// endpoints have none, so the names are boxed: an empty one is 8 bytes, where two empty
+/// `BTreeSet`s cost an endpoint 48 (12 MB at 250,000 endpoints).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+#[allow(clippy::box_collection, reason = "the box is the point: one pointer when there are no hints")]
+pub struct Hints(Option<Box<BTreeSet<String>>>);
+
+impl Hints {
+    /// No hint of this kind.
+    pub fn is_empty(&self) -> bool {
+        self.0.as_ref().is_none_or(|names| names.is_empty())
+    }
+
+    /// Whether the hint names `name`.
+    pub fn contains(&self, name: &str) -> bool {
+        self.0.as_ref().is_some_and(|names| names.contains(name))
+    }
+
+    /// Adds a name.
+    pub fn insert(&mut self, name: String) {
+        self.0.get_or_insert_default().insert(name);
+    }
+}
+
+impl FromIterator<String> for Hints {
+    fn from_iter<I: IntoIterator<Item = String>>(names: I) -> Hints {
+        let names: BTreeSet<String> = names.into_iter().collect();
+        Hints((!names.is_empty()).then(|| Box::new(names)))
+    }
+}
+
 /// One endpoint of a service port (an address from an EndpointSlice, with the slice's port).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Endpoint {
@@ -113,8 +144,8 @@ pub struct Endpoint {
     pub terminating: bool,
     pub node_name: Option<String>,
     pub zone: Option<String>,
-    pub zone_hints: BTreeSet<String>,
-    pub node_hints: BTreeSet<String>,
+    pub zone_hints: Hints,
+    pub node_hints: Hints,
 }
 
 impl Endpoint {
@@ -146,8 +177,8 @@ pub struct SliceEndpoint {
     pub terminating: bool,
     pub node_name: Option<String>,
     pub zone: Option<String>,
-    pub zone_hints: BTreeSet<String>,
-    pub node_hints: BTreeSet<String>,
+    pub zone_hints: Hints,
+    pub node_hints: Hints,
 }
 
 /// This node, as its Node object describes it.
@@ -589,8 +620,8 @@ mod tests {
                     terminating: false,
                     node_name: None,
                     zone: None,
-                    zone_hints: BTreeSet::new(),
-                    node_hints: BTreeSet::new(),
+                    zone_hints: Hints::default(),
+                    node_hints: Hints::default(),
                 })
                 .collect(),
             trigger_time: None,

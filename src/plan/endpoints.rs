@@ -96,8 +96,6 @@ pub fn categorize(endpoints: &[Endpoint], sp: &ServicePort, node: &NodeView<'_>)
 
 #[cfg(test)]
 mod tests {
-    use std::collections::BTreeSet;
-
     use super::*;
     use crate::model::{NamespacedName, ServicePortName};
     use crate::net::L4Proto;
@@ -111,8 +109,8 @@ mod tests {
             terminating,
             node_name: Some(node.to_string()),
             zone: None,
-            zone_hints: BTreeSet::new(),
-            node_hints: BTreeSet::new(),
+            zone_hints: Default::default(),
+            node_hints: Default::default(),
         }
     }
 

@@ -4,7 +4,6 @@
 //! `externalTrafficPolicy: Local`), every 20th a LoadBalancer, every 25th with ClientIP affinity.
 //! Endpoints spread over 20 nodes; node1 holds every 20th.
 
-use std::collections::BTreeSet;
 use std::net::{IpAddr, Ipv4Addr};
 
 use nftproxy::model::*;
@@ -79,8 +78,8 @@ pub fn slice(i: usize, endpoints: usize, generation: usize) -> EndpointSliceInfo
                 terminating: false,
                 node_name: Some(format!("node{}", j % 20 + 1)),
                 zone: None,
-                zone_hints: BTreeSet::new(),
-                node_hints: BTreeSet::new(),
+                zone_hints: Default::default(),
+                node_hints: Default::default(),
             })
             .collect(),
         trigger_time: None,
