@@ -46,10 +46,11 @@ type SharedKey = (IpFamily, SharedSet, WireKey);
 /// 32-bit register).
 const INDEX_LEN: usize = 4;
 
-/// The key a claim on `key` is counted under. A balancing map's keys are a service address and
-/// an endpoint index, and an address with N endpoints claims the indexes `0..N` together (in
-/// `service-endpoints-N`, N elements), so its claim is kept once, under the address: at
-/// 5,000 × 50 that is 5,000 claims instead of 250,000.
+/// The key a claim on `key` is counted under. A balancing map's keys are a service address
+/// (`address . proto . port`, or `proto . port` for a node port) and then an endpoint index, and
+/// an address with N endpoints claims the indexes `0..N` together (N elements of
+/// `service-endpoints-N`), so its claim is kept once, under the address: at 5,000 × 50 that is
+/// 5,000 claims instead of 250,000.
 fn claim_key(set: SharedSet, key: &WireKey) -> WireKey {
     match set {
         SharedSet::Balance(..) => WireKey::new(&key.bytes[..key.bytes.len().saturating_sub(INDEX_LEN)]),
@@ -101,9 +102,11 @@ pub(super) struct Scope {
 pub(super) struct Programmed {
     infrastructure: FamilyMap<WireTable>,
     services: BTreeMap<NamespacedName, ProgrammedService>,
+    /// Who claims each shared key, under [`claim_key`] (a balancing map's keys without their
+    /// index).
     claims: HashMap<SharedKey, Claim>,
     /// How many services claim each `hairpin-endpoints` key, by its address (one per endpoint:
-    /// the address is a third of the key's size): a pod behind two services is legitimate, and
+    /// 17 bytes instead of a 40-byte key): a pod behind two services is legitimate, and
     /// the element is the same whoever claims it.
     hairpins: HashMap<IpAddr, u32>,
     /// Claimed elements per set created on demand (endpoint and balancing maps): a map exists
@@ -267,14 +270,18 @@ impl Programmed {
                     }
                     continue;
                 }
+                let balance = matches!(set, SharedSet::Balance(..));
                 let mut last: Option<WireKey> = None;
                 for key in elements.keys() {
-                    // A balancing map's keys of one address are adjacent (the index comes last).
                     let claimed = claim_key(*set, key);
-                    if last.as_ref() == Some(&claimed) {
-                        continue;
+                    // A balancing map's keys of one address are adjacent (the index comes last):
+                    // count the address once.
+                    if balance {
+                        if last.as_ref() == Some(&claimed) {
+                            continue;
+                        }
+                        last = Some(claimed.clone());
                     }
-                    last = Some(claimed.clone());
                     let k = (family, *set, claimed);
                     let claim = self.claims.entry(k.clone()).or_default();
                     match (claim.binary_search_by(|c| c.as_ref().cmp(name)), delta > 0) {
@@ -449,5 +456,50 @@ impl ViewTable {
     /// The shared set `set` of this view, created empty (with its spec) on first use.
     fn shared_elements(&mut self, set: SharedSet, family: IpFamily) -> &mut WireSet {
         self.shared.entry(set).or_insert_with(|| super::delta::empty_shared_set(set, family))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::net::L4Proto;
+    use crate::nft::ast::Value;
+    use crate::nft::lower::encode_key;
+    use crate::plan::objects::BalanceMap;
+
+    fn key(values: &[Value]) -> WireKey {
+        WireKey::new(&encode_key(values))
+    }
+
+    #[test]
+    fn a_balancing_key_is_claimed_under_its_address_in_both_families() {
+        for addr in ["10.96.0.10", "fd00:96::a"] {
+            let addr = Value::Addr(addr.parse().unwrap());
+            let service =
+                |index| key(&[addr.clone(), Value::Proto(L4Proto::Tcp), Value::Port(80), Value::Index(index)]);
+            let set = SharedSet::Balance(BalanceMap::Service, 3);
+            let address = key(&[addr.clone(), Value::Proto(L4Proto::Tcp), Value::Port(80)]);
+            assert_eq!(claim_key(set, &service(0)), address);
+            assert_eq!(claim_key(set, &service(2)), address);
+            let other_port = key(&[addr.clone(), Value::Proto(L4Proto::Tcp), Value::Port(81), Value::Index(0)]);
+            assert_ne!(claim_key(set, &other_port), address);
+            // Other shared sets keep the whole key.
+            assert_eq!(claim_key(SharedSet::ServiceIps, &address), address);
+        }
+        let nodeport = key(&[Value::Proto(L4Proto::Udp), Value::Port(30053), Value::Index(1)]);
+        assert_eq!(
+            claim_key(SharedSet::Balance(BalanceMap::Nodeport, 2), &nodeport),
+            key(&[Value::Proto(L4Proto::Udp), Value::Port(30053)])
+        );
+    }
+
+    #[test]
+    fn a_hairpin_key_is_counted_under_its_endpoint_address() {
+        for (family, addr) in [(IpFamily::V4, "10.180.0.7"), (IpFamily::V6, "fd00:10:180::7")] {
+            let ip: IpAddr = addr.parse().unwrap();
+            let pair = key(&[Value::Addr(ip), Value::Addr(ip)]);
+            assert_eq!(hairpin_address(family, &pair), Some(ip));
+        }
+        assert_eq!(hairpin_address(IpFamily::V6, &key(&[Value::Port(1)])), None);
     }
 }
