@@ -355,9 +355,11 @@ fn a_full_sync_repairs_drift() {
         let table = &mut k.state.tables[0];
         // An element gone from a shared map, a service chain flushed, a stray element added.
         let service_ips = table.sets.get_mut("service-ips").unwrap();
-        let (key, _) = service_ips.elements.pop_first().unwrap();
+        let key = service_ips.elements.keys().next().cloned().unwrap();
+        service_ips.elements.remove(&key).unwrap();
         let stray = nftproxy::nft::wire::WireKey::new(&[10, 99, 99, 99, 6, 0, 0, 0, 0, 80, 0, 0]);
-        service_ips.elements.insert(stray, service_ips.elements.values().next().unwrap().clone());
+        let element = service_ips.elements.values().next().unwrap().clone();
+        service_ips.elements.insert(stray, element);
         assert_ne!(key.bytes.as_slice(), &[10, 99, 99, 99, 6, 0, 0, 0, 0, 80, 0, 0]);
         let chain = table.chains.values_mut().find(|c| c.name.starts_with("service-")).unwrap();
         chain.rules.clear();

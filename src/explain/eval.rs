@@ -186,7 +186,7 @@ pub(crate) fn comment_of(userdata: Option<&[u8]>, kind: u8) -> Option<String> {
 fn find_element<'s>(set: &'s WireSet, key: &[u8]) -> Option<(&'s WireKey, &'s crate::nft::wire::WireElement)> {
     if set.spec.is_interval() {
         // The greatest boundary at or below the key: inside a range when it is a start.
-        let (k, e) = set.elements.range(..=WireKey::new(key)).next_back()?;
+        let (k, e) = set.elements.last_at_or_below(&WireKey::new(key))?;
         (!k.interval_end && k.bytes.len() == key.len()).then_some((k, e))
     } else {
         set.elements.get_key_value(&WireKey::new(key))

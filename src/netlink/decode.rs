@@ -4,7 +4,7 @@
 //! compares equal: NAT flags and max registers the kernel derives from the min registers are
 //! dropped, absent optional attributes read as their defaults.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 use std::sync::Arc;
 
 use indexmap::IndexMap;
@@ -191,7 +191,7 @@ fn read_sets(sock: &mut Socket, fam: u16, wire: &mut WireTable) -> Result<(), Ne
             return Ok(());
         }
         let dynamic = flags & SET_EVAL != 0;
-        sets.push(WireSet { name, spec, elements: BTreeMap::new(), dynamic, owner: Owner::infrastructure() });
+        sets.push(WireSet { name, spec, elements: SetElements::new(), dynamic, owner: Owner::infrastructure() });
         Ok(())
     })?;
     for mut set in sets {
@@ -246,7 +246,7 @@ fn read_elements(sock: &mut Socket, fam: u16, table: &str, set: &mut WireSet) ->
         });
         Ok(())
     })?;
-    set.elements = elements.into_iter().collect();
+    set.elements = SetElements::from_vec(elements);
     Ok(())
 }
 

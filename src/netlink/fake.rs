@@ -6,7 +6,6 @@
 //! Rules have no handles here: a rule's handle is taken as its 1-based position in its chain
 //! (so tests delete several rules of one chain last first).
 
-use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use indexmap::IndexMap;
@@ -287,7 +286,7 @@ fn apply_op(state: &mut WireRuleset, op: &crate::nft::diff::Op) -> Result<(), i3
                         WireSet {
                             name: set.clone(),
                             spec: spec.clone(),
-                            elements: BTreeMap::new(),
+                            elements: SetElements::new(),
                             dynamic: spec.flags & consts::SET_EVAL != 0,
                             owner: op.owner.clone(),
                         },
@@ -337,7 +336,7 @@ fn apply_op(state: &mut WireRuleset, op: &crate::nft::diff::Op) -> Result<(), i3
 /// The kernel's overlap rules for a new element of an interval set (`__nft_rbtree_insert` in
 /// `nft_set_rbtree.c`): it looks at the closest greater-or-equal and less-or-equal elements and
 /// refuses a start or end that falls inside a range it holds (reported as `EEXIST`).
-fn interval_overlap(existing: &BTreeMap<WireKey, WireElement>, new: &WireKey) -> bool {
+fn interval_overlap(existing: &SetElements, new: &WireKey) -> bool {
     // The kernel walks from the closest greater key downwards; at equal keys a start comes
     // before an end.
     let mut ge: Option<&WireKey> = existing.keys().filter(|k| k.bytes > new.bytes).min_by(|a, b| a.bytes.cmp(&b.bytes));

@@ -5,7 +5,7 @@
 //! objects exist before anything references them, and references are gone before the objects
 //! they point to are deleted (the kernel counts them: deleting a referenced chain is `EBUSY`).
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::HashSet;
 use std::fmt;
 
 use super::ast::Owner;
@@ -347,16 +347,12 @@ type ElementAdds = Vec<(WireKey, WireElement)>;
 /// only maps to something else is replaced alone. The groups are the numgen windows of endpoint
 /// maps (one service port's ranges each), and the whole set for other interval sets (a few
 /// prefixes).
-fn diff_intervals(
-    have: &BTreeMap<WireKey, WireElement>,
-    want: &BTreeMap<WireKey, WireElement>,
-    by_window: bool,
-) -> (ElementDeletes, ElementAdds) {
+fn diff_intervals(have: &SetElements, want: &SetElements, by_window: bool) -> (ElementDeletes, ElementAdds) {
     let group = |key: &WireKey| if by_window { key.numgen_window() } else { None };
     let moved: HashSet<Option<u32>> = have
         .keys()
-        .filter(|k| !want.contains_key(*k))
-        .chain(want.keys().filter(|k| !have.contains_key(*k)))
+        .filter(|k| !want.contains_key(k))
+        .chain(want.keys().filter(|k| !have.contains_key(k)))
         .map(group)
         .collect();
     let (dels, adds) = diff_elements(have, want);
@@ -375,10 +371,7 @@ fn diff_intervals(
 }
 
 /// Element keys to delete (gone or changed) and elements to add (new or changed).
-fn diff_elements(
-    have: &BTreeMap<WireKey, WireElement>,
-    want: &BTreeMap<WireKey, WireElement>,
-) -> (ElementDeletes, ElementAdds) {
+fn diff_elements(have: &SetElements, want: &SetElements) -> (ElementDeletes, ElementAdds) {
     let mut dels = Vec::new();
     let mut adds = Vec::new();
     for (key, old) in have {

@@ -491,36 +491,37 @@ pub fn lower_set(set: &Set) -> WireSet {
 
 /// Lowers the elements of a set of this shape: keys as the kernel orders them, interval sets as
 /// start and end elements.
-pub fn lower_elements(shape: SetShape, set: &BTreeMap<Vec<Value>, Element>) -> BTreeMap<WireKey, WireElement> {
-    let mut elements = BTreeMap::new();
+pub fn lower_elements(shape: SetShape, set: &BTreeMap<Vec<Value>, Element>) -> SetElements {
+    // Keys are unique but for prefixes with the same start (the later one wins, as nft would).
+    let mut elements = Vec::with_capacity(set.len());
     let mut comments = Comments::default();
     match shape {
         SetShape::Affinity(_) => {}
         SetShape::Prefixes(fam) => {
-            for (key, element) in interval_elements(fam, set, &mut comments) {
-                elements.insert(key, element);
-            }
+            let unique: BTreeMap<WireKey, WireElement> =
+                interval_elements(fam, set, &mut comments).into_iter().collect();
+            elements.extend(unique);
         }
         SetShape::EndpointTargets(_) | SetShape::EndpointChains => {
             for (key, element) in set {
                 // Big-endian keys: the rule converts the numgen result before the lookup.
                 let Some(Value::IndexRange(lo, hi)) = key.first() else { continue };
-                elements.insert(WireKey::new(&lo.to_be_bytes()), lower_element(element, &mut comments));
+                elements.push((WireKey::new(&lo.to_be_bytes()), lower_element(element, &mut comments)));
                 if let Some(end) = hi.checked_add(1) {
                     let end_element =
                         WireElement { data: WireData::None, userdata: None, owner: element.owner.clone() };
-                    elements.insert(WireKey::end(&end.to_be_bytes()), end_element);
+                    elements.push((WireKey::end(&end.to_be_bytes()), end_element));
                 }
             }
         }
         _ => {
             for (key, element) in set {
                 let key = WireKey { bytes: concat_bytes(key), interval_end: false };
-                elements.insert(key, lower_element(element, &mut comments));
+                elements.push((key, lower_element(element, &mut comments)));
             }
         }
     }
-    elements
+    SetElements::from_vec(elements)
 }
 
 /// One element's data and comment.

@@ -5,13 +5,13 @@
 //! these values, and the netlink read-back decodes the kernel's tables into them, so a full
 //! sync can diff what the kernel has against what nftproxy wants, byte for byte.
 
-use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use indexmap::IndexMap;
 use smallvec::SmallVec;
 
 use super::ast::Owner;
+pub use super::elements::SetElements;
 use crate::net::IpFamily;
 
 /// Kernel constants used by the expressions nftproxy emits (`linux/netfilter/nf_tables.h`).
@@ -386,7 +386,7 @@ pub struct WireSetSpec {
 pub struct WireSet {
     pub name: String,
     pub spec: WireSetSpec,
-    pub elements: BTreeMap<WireKey, WireElement>,
+    pub elements: SetElements,
     /// Dynamic sets (affinity) are filled by the kernel; their elements are never diffed.
     pub dynamic: bool,
     pub owner: Owner,
@@ -398,7 +398,7 @@ impl WireSet {
         WireSet {
             name: self.name.clone(),
             spec: self.spec.clone(),
-            elements: BTreeMap::new(),
+            elements: SetElements::new(),
             dynamic: self.dynamic,
             owner: self.owner.clone(),
         }

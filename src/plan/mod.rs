@@ -39,7 +39,7 @@ use crate::config::{DetectLocal, ProxyConfig};
 use crate::model::{ClusterState, NamespacedName, ServiceInfo};
 use crate::net::{FamilyMap, IpFamily, L4Proto};
 use crate::nft::lower::{lower_elements, lower_table};
-use crate::nft::wire::{WireElement, WireKey, WireTable};
+use crate::nft::wire::{SetElements, WireTable};
 use crate::nft::*;
 pub(crate) use balance::chains as balance_chains;
 pub(crate) use infrastructure::base_chains;
@@ -201,7 +201,7 @@ impl Fragment {
 #[derive(Debug, Clone)]
 pub(crate) struct WireFragment {
     pub(crate) own: WireTable,
-    pub(crate) shared: BTreeMap<SharedSet, BTreeMap<WireKey, WireElement>>,
+    pub(crate) shared: BTreeMap<SharedSet, SetElements>,
 }
 
 /// One service's share of the ruleset.
