@@ -73,6 +73,39 @@ fn hairpin_address(family: IpFamily, key: &WireKey) -> Option<IpAddr> {
     }
 }
 
+/// Claim counts of `hairpin-endpoints` keys by address, one map per family: an IPv4 count
+/// takes 8 bytes instead of the 24 of an `IpAddr` entry, and a cluster has one per endpoint
+/// (250,000 at 5,000 services × 50, where the map's growth was a restart's peak).
+#[derive(Debug, Clone, Default)]
+struct HairpinCounts {
+    v4: HashMap<Ipv4Addr, u32>,
+    v6: HashMap<Ipv6Addr, u32>,
+}
+
+impl HairpinCounts {
+    fn get(&self, address: IpAddr) -> Option<u32> {
+        match address {
+            IpAddr::V4(a) => self.v4.get(&a).copied(),
+            IpAddr::V6(a) => self.v6.get(&a).copied(),
+        }
+    }
+
+    /// Adds `delta` claims of `address`; a count that reaches zero is dropped.
+    fn add(&mut self, address: IpAddr, delta: i64) {
+        fn apply<A: std::hash::Hash + Eq + Copy>(counts: &mut HashMap<A, u32>, address: A, delta: i64) {
+            let count = counts.entry(address).or_default();
+            *count = u32::try_from((i64::from(*count) + delta).max(0)).unwrap_or(0);
+            if *count == 0 {
+                counts.remove(&address);
+            }
+        }
+        match address {
+            IpAddr::V4(a) => apply(&mut self.v4, a, delta),
+            IpAddr::V6(a) => apply(&mut self.v6, a, delta),
+        }
+    }
+}
+
 /// Who claims a shared key, in name order: almost always one service (a key claimed twice is
 /// conflicting input, and the first claimant wins). The name is shared by all the keys one
 /// service claims: 100,000 claimed keys would otherwise hold 200,000 copies of small strings.
@@ -105,10 +138,9 @@ pub(super) struct Programmed {
     /// Who claims each shared key, under [`claim_key`] (a balancing map's keys without their
     /// index).
     claims: HashMap<SharedKey, Claim>,
-    /// How many services claim each `hairpin-endpoints` key, by its address (one per endpoint:
-    /// 17 bytes instead of a 40-byte key): a pod behind two services is legitimate, and
-    /// the element is the same whoever claims it.
-    hairpins: HashMap<IpAddr, u32>,
+    /// How many services claim each `hairpin-endpoints` key, by its address (one per endpoint):
+    /// a pod behind two services is legitimate, and the element is the same whoever claims it.
+    hairpins: HairpinCounts,
     /// Claimed elements per set created on demand (endpoint and balancing maps): a map exists
     /// while it holds any.
     maps: HashMap<(IpFamily, SharedSet), usize>,
@@ -127,7 +159,7 @@ impl Programmed {
             infrastructure,
             services: BTreeMap::new(),
             claims: HashMap::new(),
-            hairpins: HashMap::new(),
+            hairpins: HairpinCounts::default(),
             maps: HashMap::new(),
             totals: PlanStats::default(),
             health_checks: None,
@@ -181,7 +213,7 @@ impl Programmed {
                     let hairpins = &self.hairpins;
                     elements.retain(|key, _| {
                         !held_by_infrastructure(key)
-                            && hairpin_address(family, key).and_then(|a| hairpins.get(&a)) == Some(&1)
+                            && hairpin_address(family, key).and_then(|a| hairpins.get(a)) == Some(1)
                     });
                     continue;
                 }
@@ -262,11 +294,7 @@ impl Programmed {
                 }
                 if *set == SharedSet::Hairpin {
                     for address in elements.keys().filter_map(|key| hairpin_address(family, key)) {
-                        let count = self.hairpins.entry(address).or_default();
-                        *count = u32::try_from((i64::from(*count) + delta).max(0)).unwrap_or(0);
-                        if *count == 0 {
-                            self.hairpins.remove(&address);
-                        }
+                        self.hairpins.add(address, delta);
                     }
                     continue;
                 }
@@ -329,7 +357,7 @@ impl Programmed {
             // The same element whoever claims it (only the owner differs, and only content is
             // compared).
             let address = hairpin_address(family, key)?;
-            return self.hairpins.get(&address).filter(|n| **n > 0).map(|_| WireElement {
+            return self.hairpins.get(address).filter(|n| *n > 0).map(|_| WireElement {
                 data: WireData::None,
                 userdata: None,
                 owner: Owner::infrastructure(),
