@@ -209,9 +209,9 @@ fn read_elements(sock: &mut Socket, fam: u16, table: &str, set: &mut WireSet) ->
     filter.set_str(a(sys::NFTNL_SET_NAME), &set.name)?;
     filter.set_u32(a(sys::NFTNL_SET_FAMILY), u32::from(fam));
     let mut comments: HashMap<Vec<u8>, (Arc<[u8]>, Owner)> = HashMap::new();
-    // Collected first and built into the map at once: a map built from sorted elements has
-    // full nodes, one filled element by element (the kernel's dump order) about half-full
-    // ones, which at a cluster's hundreds of thousands of elements is tens of MB.
+    // Collected in the kernel's dump order, then sorted in place: the vector is the set's
+    // elements (no second copy, which at a cluster's hundreds of thousands of elements is tens
+    // of MB).
     let mut elements: Vec<(WireKey, WireElement)> = Vec::new();
     sock.query(msg::GETSETELEM, fam, NLM_F_DUMP, Body::SetElements(&filter), |msg| {
         let Some(s) = msg.set_elements() else { return Ok(()) };

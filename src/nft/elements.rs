@@ -6,8 +6,8 @@
 //! endpoints, two maps of 250,000 elements: 27 MB more at the peak). [`SetElements`] keeps the
 //! sorted vector itself: built in place, looked up by binary search. Removals leave a hole (the
 //! sync moves a service's elements out of the read-back one by one, and shifting the vector each
-//! time would be quadratic); keys that were not in the vector go to a small ordered map beside
-//! it.
+//! time would be quadratic); keys that were not in the vector go to an ordered map beside it
+//! (all of them for a set built empty, which then behaves as a `BTreeMap`).
 
 use std::cmp::Ordering;
 use std::collections::{BTreeMap, btree_map};
@@ -31,7 +31,7 @@ pub struct SetElements {
 // Marking an element present or removed needs no room of its own.
 const _: () = assert!(size_of::<Option<WireElement>>() == size_of::<WireElement>());
 
-/// Below this many slots a vector is never compacted (holes cost little).
+/// Below this many slots a removal never compacts the vector (holes cost little).
 const COMPACT_MIN: usize = 1024;
 
 impl SetElements {
@@ -122,7 +122,8 @@ impl SetElements {
         }
     }
 
-    /// Keeps only the elements `keep` accepts.
+    /// Keeps only the elements `keep` accepts (called on the vector's elements, then on the added
+    /// ones: not in key order).
     pub fn retain(&mut self, mut keep: impl FnMut(&WireKey, &mut WireElement) -> bool) {
         for (k, slot) in &mut self.sorted {
             if slot.as_mut().is_some_and(|e| !keep(k, e)) {
@@ -158,7 +159,8 @@ impl SetElements {
         merge(sorted, self.added.iter_mut()).map(|(_, e)| e)
     }
 
-    /// Keys and elements in key order within `range`.
+    /// Keys and elements in key order within `range`. An inverted range is empty here, where a
+    /// `BTreeMap` panics; no caller makes one.
     pub fn range<R: RangeBounds<WireKey>>(&self, range: R) -> impl Iterator<Item = (&WireKey, &WireElement)> {
         let start = match range.start_bound() {
             Bound::Included(k) => self.sorted.partition_point(|(s, _)| s < k),
@@ -350,6 +352,11 @@ mod tests {
             let from: Vec<WireKey> = set.range(key(n)..).map(|(k, _)| k.clone()).collect();
             let want: Vec<WireKey> = model.range(key(n)..).map(|(k, _)| k.clone()).collect();
             assert_eq!(from, want, "range from {n}");
+            let after: Vec<WireKey> =
+                set.range((Bound::Excluded(key(n)), Bound::Included(key(n + 9)))).map(|(k, _)| k.clone()).collect();
+            let want: Vec<WireKey> =
+                model.range((Bound::Excluded(key(n)), Bound::Included(key(n + 9)))).map(|(k, _)| k.clone()).collect();
+            assert_eq!(after, want, "range after {n}");
             let within: Vec<WireKey> = set.range(key(n)..key(n + 300)).map(|(k, _)| k.clone()).collect();
             let want: Vec<WireKey> = model.range(key(n)..key(n + 300)).map(|(k, _)| k.clone()).collect();
             assert_eq!(within, want, "range {n}..{}", n + 300);
@@ -370,6 +377,17 @@ mod tests {
         model.retain(|k, _| k.bytes[3] % 2 == 0);
         assert!(set.keys().eq(model.keys()));
         assert!(set.sorted.iter().all(|(_, e)| e.is_some()));
+    }
+
+    /// Duplicate keys in a dump keep one element; the rest is the dump sorted.
+    #[test]
+    fn a_dump_with_duplicates_keeps_one_of_each() {
+        let dump = vec![(key(3), element(1)), (key(1), element(2)), (key(3), element(1)), (key(2), element(3))];
+        let set = SetElements::from_vec(dump);
+        assert_eq!(set.len(), 3);
+        let keys: Vec<u32> = set.keys().map(|k| u32::from_be_bytes(k.bytes[..4].try_into().unwrap())).collect();
+        assert_eq!(keys, [1, 2, 3]);
+        assert_eq!(set.get(&key(3)).map(data), Some(1));
     }
 
     /// An interval end orders before a start at the same bytes, in the vector and beside it.

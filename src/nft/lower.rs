@@ -492,8 +492,9 @@ pub fn lower_set(set: &Set) -> WireSet {
 /// Lowers the elements of a set of this shape: keys as the kernel orders them, interval sets as
 /// start and end elements.
 pub fn lower_elements(shape: SetShape, set: &BTreeMap<Vec<Value>, Element>) -> SetElements {
-    // Keys are unique but for prefixes with the same start (the later one wins, as nft would).
-    let mut elements = Vec::with_capacity(set.len());
+    // Keys are unique but for prefixes with the same start (the later one wins). Ranges are two
+    // elements each.
+    let mut elements = Vec::with_capacity(2 * set.len());
     let mut comments = Comments::default();
     match shape {
         SetShape::Affinity(_) => {}

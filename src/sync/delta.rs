@@ -24,7 +24,7 @@
 //! writer encodes each operation as it arrives.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
-use std::ops::ControlFlow;
+use std::ops::{Bound, ControlFlow};
 
 use crate::net::{FamilyMap, IpFamily};
 use crate::nft::ast::Owner;
@@ -464,10 +464,17 @@ fn take_keys(from: &mut WireSet, want: &WireSet) -> WireSet {
     if want.spec.is_numgen_interval_map() {
         let windows: HashSet<u32> = want.elements.keys().filter_map(WireKey::numgen_window).collect();
         for window in windows {
-            let start = WireKey::new(&(window << NUMGEN_WINDOW_BITS).to_be_bytes());
+            let start = Bound::Included(WireKey::new(&(window << NUMGEN_WINDOW_BITS).to_be_bytes()));
+            // Up to the next window's first start: its end key at the same bytes (the last
+            // range's end) orders before it, so it is inside.
+            let end = window
+                .checked_add(1)
+                .and_then(|next| next.checked_shl(NUMGEN_WINDOW_BITS))
+                .filter(|next| next >> NUMGEN_WINDOW_BITS == window + 1)
+                .map_or(Bound::Unbounded, |next| Bound::Excluded(WireKey::new(&next.to_be_bytes())));
             let keys: Vec<WireKey> = from
                 .elements
-                .range(start..)
+                .range((start, end))
                 .map(|(k, _)| k)
                 .take_while(|k| k.numgen_window() == Some(window))
                 .cloned()

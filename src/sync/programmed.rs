@@ -83,6 +83,7 @@ struct HairpinCounts {
 }
 
 impl HairpinCounts {
+    /// How many claim `address`; `None` when nobody does.
     fn get(&self, address: IpAddr) -> Option<u32> {
         match address {
             IpAddr::V4(a) => self.v4.get(&a).copied(),
@@ -497,6 +498,25 @@ mod tests {
 
     fn key(values: &[Value]) -> WireKey {
         WireKey::new(&encode_key(values))
+    }
+
+    /// Counts go up and down per address in either family, and a count back at zero is gone.
+    #[test]
+    fn hairpin_counts_per_address_in_both_families() {
+        let mut counts = HairpinCounts::default();
+        let v4: IpAddr = "10.0.0.1".parse().unwrap();
+        let v6: IpAddr = "fd00::1".parse().unwrap();
+        let mapped: IpAddr = "::ffff:10.0.0.1".parse().unwrap();
+        counts.add(v4, 1);
+        counts.add(v4, 1);
+        counts.add(v6, 1);
+        assert_eq!((counts.get(v4), counts.get(v6), counts.get(mapped)), (Some(2), Some(1), None));
+        counts.add(v4, -1);
+        counts.add(v6, -1);
+        assert_eq!((counts.get(v4), counts.get(v6)), (Some(1), None));
+        counts.add(v6, -1);
+        assert_eq!(counts.get(v6), None, "no count below zero");
+        assert!(counts.v6.is_empty());
     }
 
     #[test]
