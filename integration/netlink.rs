@@ -80,16 +80,19 @@ fn every_shape(family: IpFamily) -> Table {
         Element::values(vec![Value::Addr(ep2), Value::Port(8080)], own.clone()),
     );
     t.add_set(targets);
-    let mut chains = Set::new("endpoints-B", SetShape::EndpointChains, own.clone());
-    chains.insert(
-        vec![Value::IndexRange(2_097_152, 2_621_439)],
-        Element::verdict(Verdict::Goto("endpoint-1".into()), own.clone()),
+    let mut windows = Set::new("affinity-windows-0", SetShape::SlotWindows, own.clone());
+    windows.insert(vec![Value::IndexRange(2_162_688, 2_195_455)], Element::key_only(own.clone()));
+    windows.insert(
+        vec![Value::IndexRange(2_293_760, 2_326_527)],
+        Element::key_only(own.clone()).with_comment("ns1/svc1:dns"),
     );
-    chains.insert(
-        vec![Value::IndexRange(2_621_440, 3_145_727)],
-        Element::verdict(Verdict::Goto("endpoint-2".into()), own.clone()).with_comment("ns1/svc1:dns"),
-    );
-    t.add_set(chains);
+    t.add_set(windows);
+    let mut targets = Set::new("affinity-targets-0", SetShape::SlotTargets(family), own.clone());
+    targets
+        .insert(vec![Value::Index(2_097_152)], Element::values(vec![Value::Addr(ep1), Value::Port(53)], own.clone()));
+    targets
+        .insert(vec![Value::Index(2_097_154)], Element::values(vec![Value::Addr(ep2), Value::Port(53)], own.clone()));
+    t.add_set(targets);
     let mut aff = Set::new("affinity-1", SetShape::Affinity(family), own.clone());
     aff.timeout_secs = Some(10800);
     t.add_set(aff);
@@ -182,11 +185,27 @@ fn every_shape(family: IpFamily) -> Table {
     );
     t.add_chain(a);
     let mut b = Chain::regular("service-B", own.clone());
+    let saddr = Selector::Saddr(family);
+    let hash = |offset| Jhash { modulus: 32_768, seed: 0x6e66_7470, offset };
     b.push(Rule::new(vec![
-        Stmt::Lookup { key: vec![Selector::Saddr(family)], set: "affinity-1".into(), negate: false },
-        Stmt::Verdict(Verdict::Goto("endpoint-1".into())),
+        Stmt::Lookup { key: vec![saddr], set: "affinity-1".into(), negate: false },
+        Stmt::UpdateSet { set: "affinity-1".into(), key: saddr },
+        Stmt::Cmp { sel: Selector::L4Proto, op: CmpOp::Eq, value: Value::Proto(L4Proto::Udp) },
+        Stmt::DnatKeyMap { family, key: 2_097_152, map: "affinity-targets-0".into() },
     ]));
-    b.push(Rule::new(vec![Stmt::NumgenVmap { modulus: 1_048_576, offset: 2_097_152, map: "endpoints-B".into() }]));
+    b.push(Rule::new(vec![
+        Stmt::HashLookup { family, hash: hash(2_129_920), set: "affinity-windows-0".into() },
+        Stmt::UpdateSet { set: "affinity-1".into(), key: saddr },
+    ]));
+    b.push(
+        Rule::new(vec![Stmt::DnatHashMap {
+            family,
+            proto: L4Proto::Udp,
+            hash: hash(2_097_152),
+            map: "endpoints-A".into(),
+        }])
+        .with_comment("ns1/svc1:dns"),
+    );
     t.add_chain(b);
     let mut e1 = Chain::regular("endpoint-1", own.clone());
     e1.push(Rule::new(vec![Stmt::UpdateSet { set: "affinity-1".into(), key: Selector::Saddr(family) }]));
@@ -342,6 +361,84 @@ fn one_endpoint_change_sends_only_what_changed() {
     }
     let plain = ruleset_of(&ns);
     assert_eq!(canonicalize(&plain), canonicalize(&planned));
+}
+
+/// The slot set (`affinity-…__j`) bound to `endpoint` in a listing: the key of its element in
+/// `affinity-targets-0` is slot j of a window at offset 0.
+fn slot_set_of(listing: &str, endpoint: &str) -> String {
+    let targets = listing.split("map affinity-targets-0 {").nth(1).expect("targets map");
+    let element = targets.split(['{', ',']).find(|e| e.contains(&format!(": {endpoint} . 8080"))).expect("bound");
+    let j = element.split_whitespace().next().unwrap();
+    let set = listing
+        .lines()
+        .map(str::trim)
+        .find_map(|l| l.strip_prefix("set affinity-")?.split_once(" {").filter(|(n, _)| n.ends_with(&format!("__{j}"))))
+        .expect("slot set");
+    format!("affinity-{}", set.0)
+}
+
+#[test]
+fn an_affinity_endpoint_change_is_elements_and_a_flush_of_its_slot() {
+    if skip_unless_privileged() {
+        return;
+    }
+    let ns = Netns::create("slots").unwrap();
+    let mut config = nftproxy::config::ProxyConfig::new("node1");
+    config.cluster_cidrs = nftproxy::config::parse_cidrs("x", "10.244.0.0/16").unwrap();
+    config.table_ownership = false;
+    // One port with ClientIP affinity (its window at offset 0: the targets' keys are the slots).
+    let yaml = PARTIAL_CLUSTER
+        .replace("  clusterIP: 10.96.0.10\n", "  clusterIP: 10.96.0.10\n  sessionAffinity: ClientIP\n")
+        .replace("  - {name: echo-udp, port: 53, protocol: UDP, targetPort: 8080}\n", "");
+    let changed = yaml.replace("10.244.2.10", "10.244.2.11");
+    // A new process each time, as `nftproxy sync` is: the slots are read back from the kernel.
+    let one_shot = |yaml: &str| {
+        let mut p = Proxy::new(config.clone(), Kernel::open().unwrap());
+        p.load(yaml);
+        p.sync(SyncReason::Startup, true).unwrap();
+        (p.last_transaction(), p.render())
+    };
+    ns.run(|| one_shot(&yaml)).unwrap();
+    let list = || String::from_utf8(ns.exec("nft", &["-a", "list", "ruleset"]).unwrap().stdout).unwrap();
+    let before = list();
+    let (going, staying) = (slot_set_of(&before, "10.244.2.10"), slot_set_of(&before, "10.244.1.10"));
+    // Clients the kernel recorded for the endpoint that goes, and for one that stays.
+    for (set, client) in [(&going, "192.0.2.1"), (&staying, "192.0.2.2")] {
+        let element = format!("{{ {client} }}");
+        let out = ns.exec("nft", &["add", "element", "ip", "nftproxy", set, &element]).unwrap();
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    }
+
+    let (transaction, planned) = ns.run(|| one_shot(&changed)).unwrap();
+    let ops = transaction.summary();
+    assert!(
+        ops.iter()
+            .all(|op| op.starts_with("add element") || op.starts_with("delete element") || op.starts_with("flush set")),
+        "elements only: {ops:#?}"
+    );
+    assert!(ops.iter().any(|op| op.starts_with("add element ip nftproxy affinity-targets-0")), "{ops:#?}");
+    assert_eq!(ops.iter().filter(|op| op.starts_with("flush set")).count(), 1, "{ops:#?}");
+    let after = list();
+    assert_eq!(slot_set_of(&after, "10.244.2.11"), going, "the new endpoint takes the freed slot");
+    let members =
+        |set: &str| String::from_utf8(ns.exec("nft", &["list", "set", "ip", "nftproxy", set]).unwrap().stdout).unwrap();
+    assert!(!members(&going).contains("192.0.2.1"), "{}", members(&going));
+    assert!(members(&staying).contains("192.0.2.2"), "{}", members(&staying));
+    // The service port's chain: its name ends with the port, and `-a` adds `{ # handle N`.
+    let port_chain = before
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("chain service-").filter(|c| c.contains("default/web/tcp/http")))
+        .and_then(|c| c.split_whitespace().next())
+        .map(|c| format!("service-{c}"))
+        .expect("the port's chain");
+    for chain in ["services", port_chain.as_str()] {
+        assert!(!handles(&before, chain).is_empty(), "{chain}");
+        assert_eq!(handles(&before, chain), handles(&after, chain), "rules of {chain} untouched");
+    }
+    // Without the client the kernel recorded, the ruleset is exactly as planned.
+    let out = ns.exec("nft", &["delete", "element", "ip", "nftproxy", &staying, "{ 192.0.2.2 }"]).unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(canonicalize(&ruleset_of(&ns)), canonicalize(&planned));
 }
 
 #[test]

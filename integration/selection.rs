@@ -22,11 +22,16 @@ fn session_affinity_holds_and_moves_when_the_endpoint_goes() {
     }
     let lab = ClusterLab::new();
     let affine = |endpoints| Svc { affinity_secs: Some(600), ..web(endpoints) };
-    lab.sync(&services_yaml(&[affine(&ALL)]));
+    lab.sync(&services_yaml(&[affine(&ALL[..2])]));
     let first = lab.tally("client", L4Proto::Tcp, "10.96.0.10:80", 25);
     assert_eq!(first.failed(), 0);
     assert_eq!(first.by_backend.len(), 1, "one client, one endpoint: {first:?}");
     let chosen = first.by_backend.keys().next().cloned().unwrap();
+
+    // A third endpoint is bound to a free slot (elements only): the client stays where it is.
+    lab.sync(&services_yaml(&[affine(&ALL)]));
+    let stayed = lab.tally("client", L4Proto::Tcp, "10.96.0.10:80", 25);
+    assert_eq!(stayed.by_backend.keys().collect::<Vec<_>>(), vec![&chosen], "{stayed:?}");
     let udp = lab.tally("client", L4Proto::Udp, "10.96.0.10:53", 20);
     assert_eq!(udp.by_backend.len(), 1, "UDP sticks too: {udp:?}");
 

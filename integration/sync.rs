@@ -173,10 +173,11 @@ fn a_burst_of_changes_is_one_transaction_touching_only_them() {
     let untouched: Vec<String> = (0..300).filter(|i| i % 3 != 0).map(|i| format!("ns{}/svc{i}:", i % 100)).collect();
     let applied = kernel.lock().applied.last().unwrap().clone();
     for op in &applied.ops {
-        // New endpoints: new endpoint chains for the services with affinity, nothing else.
-        if let OpKind::AddChain { chain, .. } | OpKind::DeleteChain { chain } = &op.kind {
-            assert!(chain.starts_with("endpoint-"), "{op}");
-        }
+        // New endpoints, with affinity too: elements (affinity slots are bound by data).
+        assert!(
+            matches!(op.kind, OpKind::AddElements { .. } | OpKind::DeleteElements { .. } | OpKind::FlushSet { .. }),
+            "{op}"
+        );
         for owner in op.owners() {
             assert!(!untouched.iter().any(|u| owner.to_string().starts_with(u.as_str())), "{op} touches {owner}");
         }

@@ -3,7 +3,8 @@
 //!
 //! Random choices (`numgen`) fork the evaluation: every value of a small modulus, or every
 //! window between the boundaries of the interval map the result is looked up in, each with its
-//! share of the modulus. Branches that end alike merge, so a chain of 16 `numgen` rules costs
+//! share of the modulus. A connection's `jhash` (affinity) forks the same way, once, over the
+//! boundaries of every map its chain looks it up in; later hashes of the branch reuse the value. Branches that end alike merge, so a chain of 16 `numgen` rules costs
 //! the sum of their moduli, not their product. Anything the interpreter does not model ends the
 //! branch as [`ChainEnd::Unknown`] naming the expression, chain and rule: it never guesses.
 
@@ -72,6 +73,9 @@ pub(crate) struct Flow {
     pub(crate) path: Vec<Step>,
     /// Affinity sets the connection would be added to.
     pub(crate) affinity_updates: Vec<String>,
+    /// The `jhash` choice this branch made, as (seed, modulus, value): every later `jhash` of
+    /// the same seed and modulus is the same hash of the same connection, so it reuses it.
+    pub(crate) hash: Option<(u32, u32, u32)>,
     /// Things the reader should know (affinity evaluated as a first connection, …).
     pub(crate) notes: Vec<String>,
 }
@@ -322,6 +326,33 @@ impl<'a> Evaluator<'a> {
         while let Some(expr) = exprs.get(i) {
             i += 1;
             let outcome = match expr {
+                // `numgen inc mod 1` is always 0: the key is the offset.
+                LowExpr::Numgen { dreg, modulus: 1, kind: NG_INCREMENTAL, offset } => regs
+                    .write(*dreg, &offset.to_ne_bytes())
+                    .map_or_else(|| Err(unknown(format!("{expr:?}"))), |()| Ok(None)),
+                LowExpr::Hash { dreg, modulus, seed, offset, .. } => {
+                    if let Some((_, _, value)) = flow.hash.filter(|(s, m, _)| s == seed && m == modulus) {
+                        regs.write(*dreg, &value.wrapping_add(*offset).to_ne_bytes())
+                            .map_or_else(|| Err(unknown(format!("{expr:?}"))), |()| Ok(None))
+                    } else {
+                        let share = format!("jhash mod {modulus}");
+                        for (value, part) in self.hash_choices(at.chain, *seed, *modulus) {
+                            let mut r = regs.clone();
+                            if r.write(*dreg, &value.wrapping_add(*offset).to_ne_bytes()).is_none() {
+                                out.push((weight, flow.clone(), unknown(format!("{expr:?}"))));
+                                return;
+                            }
+                            let mut f = flow.clone();
+                            f.hash = Some((*seed, *modulus, value));
+                            let mut s = step.clone();
+                            if !s.action.contains(&share) {
+                                s.action = append(&s.action, &share);
+                            }
+                            self.exprs(exprs, i, r, f, s, weight * part, at, out);
+                        }
+                        return;
+                    }
+                }
                 LowExpr::Numgen { dreg, modulus, kind, offset } => {
                     if *kind != NG_RANDOM || *modulus == 0 {
                         Err(unknown(format!("{expr:?}")))
@@ -385,6 +416,44 @@ impl<'a> Evaluator<'a> {
         };
         flow.path.push(step);
         out.push((weight, flow, end));
+    }
+
+    /// The values a connection's `jhash` (of this seed and modulus) is forked over, with their
+    /// shares: one per window between the boundaries of every interval map a rule of `chain`
+    /// looks such a hash up in, each boundary taken relative to its rule's offset (the record
+    /// rules of affinity slots and the choice split the hash alike).
+    fn hash_choices(&self, chain: &str, seed: u32, modulus: u32) -> Vec<(u32, f64)> {
+        let mut bounds: Vec<u64> = vec![0, u64::from(modulus)];
+        let rules = self.table.chains.get(chain).map(|c| c.rules.as_slice()).unwrap_or_default();
+        for rule in rules {
+            for triple in rule.exprs.windows(3) {
+                let [
+                    LowExpr::Hash { modulus: m, seed: s, offset, .. },
+                    LowExpr::Byteorder { .. },
+                    LowExpr::Lookup { set, .. },
+                ] = triple
+                else {
+                    continue;
+                };
+                let Some(set) = self.table.sets.get(set).filter(|_| *m == modulus && *s == seed) else { continue };
+                if !set.spec.is_interval() {
+                    continue;
+                }
+                let (lo, hi) = (u64::from(*offset), u64::from(*offset) + u64::from(modulus));
+                bounds.extend(
+                    set.elements
+                        .keys()
+                        .filter_map(|k| <[u8; 4]>::try_from(k.bytes.as_slice()).ok())
+                        .map(|b| u64::from(u32::from_be_bytes(b)))
+                        .filter(|v| *v > lo && *v < hi)
+                        .map(|v| v - lo),
+                );
+            }
+        }
+        bounds.sort_unstable();
+        bounds.dedup();
+        let total = f64::from(modulus.max(1));
+        bounds.windows(2).filter_map(|w| Some((u32::try_from(w[0]).ok()?, (w[1] - w[0]) as f64 / total))).collect()
     }
 
     /// The values a `numgen` result is forked over, with their shares: every value of a small

@@ -309,6 +309,15 @@ fn decode_expr(e: &ExprRef<'_>) -> LowExpr {
             kind: u(sys::NFTNL_EXPR_NG_TYPE),
             offset: u(sys::NFTNL_EXPR_NG_OFFSET),
         },
+        // Only jhash (type 0) is ours.
+        "hash" if e.u32(a(sys::NFTNL_EXPR_HASH_TYPE)).unwrap_or(0) == HASH_JENKINS => LowExpr::Hash {
+            sreg: u(sys::NFTNL_EXPR_HASH_SREG),
+            dreg: u(sys::NFTNL_EXPR_HASH_DREG),
+            len: u(sys::NFTNL_EXPR_HASH_LEN),
+            modulus: u(sys::NFTNL_EXPR_HASH_MODULUS),
+            seed: u(sys::NFTNL_EXPR_HASH_SEED),
+            offset: u(sys::NFTNL_EXPR_HASH_OFFSET),
+        },
         "byteorder" => LowExpr::Byteorder {
             sreg: u(sys::NFTNL_EXPR_BYTEORDER_SREG),
             dreg: u(sys::NFTNL_EXPR_BYTEORDER_DREG),

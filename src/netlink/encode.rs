@@ -257,6 +257,10 @@ impl BatchWriter {
                     push(msg::NEWSETELEM, NLM_F_CREATE, Object::SetElements(s), Some(owners));
                 }
             }
+            OpKind::FlushSet { set } => {
+                // A DELSETELEM without elements flushes the set (`nft flush set`).
+                push(msg::DELSETELEM, 0, Object::SetElements(set_obj(table, family, set)?), None);
+            }
             OpKind::DeleteElements { set, keys } => {
                 for chunk in chunk_by_size(keys, |(k, _)| 32 + k.bytes.len()) {
                     let mut s = set_obj(table, family, set)?;
@@ -427,6 +431,19 @@ pub(super) fn encode_expr(expr: &LowExpr, set_id: impl Fn(&str) -> Option<u32>) 
                 .u32(a(sys::NFTNL_EXPR_NG_TYPE), *kind);
             if *offset != 0 {
                 e.u32(a(sys::NFTNL_EXPR_NG_OFFSET), *offset);
+            }
+            e
+        }
+        LowExpr::Hash { sreg, dreg, len, modulus, seed, offset } => {
+            let mut e = raw::Expr::new("hash")?;
+            e.u32(a(sys::NFTNL_EXPR_HASH_SREG), *sreg)
+                .u32(a(sys::NFTNL_EXPR_HASH_DREG), *dreg)
+                .u32(a(sys::NFTNL_EXPR_HASH_LEN), *len)
+                .u32(a(sys::NFTNL_EXPR_HASH_MODULUS), *modulus)
+                .u32(a(sys::NFTNL_EXPR_HASH_SEED), *seed)
+                .u32(a(sys::NFTNL_EXPR_HASH_TYPE), consts::HASH_JENKINS);
+            if *offset != 0 {
+                e.u32(a(sys::NFTNL_EXPR_HASH_OFFSET), *offset);
             }
             e
         }

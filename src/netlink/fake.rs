@@ -323,6 +323,10 @@ fn apply_op(state: &mut WireRuleset, op: &crate::nft::diff::Op) -> Result<(), i3
                 }
             }
         }
+        OpKind::FlushSet { set } => {
+            let s = table_mut(state, op)?.sets.get_mut(set).ok_or(libc::ENOENT)?;
+            s.elements = Default::default();
+        }
         OpKind::DeleteElements { set, keys } => {
             let s = table_mut(state, op)?.sets.get_mut(set).ok_or(libc::ENOENT)?;
             for (k, _) in keys {

@@ -354,8 +354,6 @@ pub enum Stmt {
     Lookup { key: Vec<Selector>, set: String, negate: bool },
     /// `ip daddr . meta l4proto . th dport vmap @service-ips`
     Vmap { key: Vec<Selector>, map: String },
-    /// `numgen random mod N offset K vmap @map`
-    NumgenVmap { modulus: u32, offset: u32, map: String },
     /// `meta mark set meta mark | 0x00004000`
     MarkOr(u32),
     /// `meta mark set meta mark ^ 0x00004000`
@@ -374,8 +372,26 @@ pub enum Stmt {
     /// `dnat ip to ip daddr . meta l4proto . th dport . numgen random mod N map @map`: the
     /// packet's own fields and a random index in `0..N` pick the endpoint.
     DnatBalanceMap { family: IpFamily, key: Vec<Selector>, modulus: u32, map: String },
+    /// `jhash ip saddr . th sport mod N seed S offset K @set`: the connection's hash is in
+    /// the set (an affinity slot's window).
+    HashLookup { family: IpFamily, hash: Jhash, set: String },
+    /// `dnat ip to jhash ip saddr . tcp sport mod N seed S offset K map @map`: the connection's
+    /// hash picks the endpoint (nft adds, and lists without, `meta l4proto tcp`).
+    DnatHashMap { family: IpFamily, proto: L4Proto, hash: Jhash, map: String },
+    /// `dnat ip to numgen inc mod 1 offset K map @map`: the endpoint under the constant key K
+    /// (`numgen inc mod 1` is always 0), so the target is data while the rule stays.
+    DnatKeyMap { family: IpFamily, key: u32, map: String },
     /// `jump x`, `goto x`, `drop`, `return`.
     Verdict(Verdict),
+}
+
+/// `jhash ip saddr . th sport mod N seed S offset K`: the kernel's `jhash` of a connection's
+/// source address and port, scaled to `0..N`, plus K.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Jhash {
+    pub modulus: u32,
+    pub seed: u32,
+    pub offset: u32,
 }
 
 /// The shapes of sets and maps nftproxy uses. Each has a fixed key and data layout.
@@ -404,8 +420,11 @@ pub enum SetShape {
     /// `typeof numgen random mod 1 : ip daddr . th dport; flags interval` (numgen range → DNAT
     /// target)
     EndpointTargets(IpFamily),
-    /// `typeof numgen random mod 1 : verdict; flags interval` (numgen range → endpoint chain)
-    EndpointChains,
+    /// `typeof numgen random mod 1; flags interval` (the hash windows of affinity slots)
+    SlotWindows,
+    /// `typeof numgen inc mod 1 : ip daddr . th dport` (the endpoint an affinity slot is bound
+    /// to, under the slot's constant key)
+    SlotTargets(IpFamily),
     /// `type ipv4_addr; flags dynamic,timeout; timeout Ns` (session affinity)
     Affinity(IpFamily),
 }
@@ -418,7 +437,7 @@ impl SetShape {
             SetShape::ServiceVerdicts(_)
                 | SetShape::PortVerdicts
                 | SetShape::EndpointTargets(_)
-                | SetShape::EndpointChains
+                | SetShape::SlotTargets(_)
                 | SetShape::ServiceEndpoints(_)
                 | SetShape::NodeportEndpoints(_)
         )

@@ -17,17 +17,49 @@ use crate::net::IpFamily;
 /// leftovers in foreign tables, issue 14).
 #[derive(Debug, Clone)]
 pub enum OpKind {
-    AddTable { flags: u32, userdata: Option<Vec<u8>> },
+    AddTable {
+        flags: u32,
+        userdata: Option<Vec<u8>>,
+    },
     DeleteTable,
-    AddChain { chain: String, hook: Option<WireHook>, userdata: Option<Vec<u8>> },
-    FlushChain { chain: String },
-    DeleteChain { chain: String },
-    AddRule { chain: String, rule: WireRule },
-    AddSet { set: String, spec: WireSetSpec },
-    DeleteSet { set: String },
-    AddElements { set: String, elements: Vec<(WireKey, WireElement)> },
-    DeleteElements { set: String, keys: Vec<(WireKey, Owner)> },
-    DeleteRule { chain: String, handle: u64 },
+    AddChain {
+        chain: String,
+        hook: Option<WireHook>,
+        userdata: Option<Vec<u8>>,
+    },
+    FlushChain {
+        chain: String,
+    },
+    DeleteChain {
+        chain: String,
+    },
+    AddRule {
+        chain: String,
+        rule: WireRule,
+    },
+    AddSet {
+        set: String,
+        spec: WireSetSpec,
+    },
+    DeleteSet {
+        set: String,
+    },
+    AddElements {
+        set: String,
+        elements: Vec<(WireKey, WireElement)>,
+    },
+    DeleteElements {
+        set: String,
+        keys: Vec<(WireKey, Owner)>,
+    },
+    /// Every element of a set (an affinity slot's clients, when its endpoint goes).
+    FlushSet {
+        set: String,
+    },
+    DeleteRule {
+        chain: String,
+        handle: u64,
+    },
 }
 
 /// What an operation does, without its data: what decisions about a refused message look at.
@@ -43,6 +75,7 @@ pub enum OpTag {
     DeleteSet,
     AddElements,
     DeleteElements,
+    FlushSet,
     DeleteRule,
 }
 
@@ -60,6 +93,7 @@ impl OpKind {
             OpKind::DeleteSet { .. } => OpTag::DeleteSet,
             OpKind::AddElements { .. } => OpTag::AddElements,
             OpKind::DeleteElements { .. } => OpTag::DeleteElements,
+            OpKind::FlushSet { .. } => OpTag::FlushSet,
             OpKind::DeleteRule { .. } => OpTag::DeleteRule,
         }
     }
@@ -116,6 +150,7 @@ impl fmt::Display for Op {
             OpKind::DeleteElements { set, keys } => {
                 write!(f, "delete element {t} {set} ({} elements)", keys.len())
             }
+            OpKind::FlushSet { set } => write!(f, "flush set {t} {set}"),
             OpKind::DeleteRule { chain, handle } => write!(f, "delete rule {t} {chain} handle {handle}"),
         }
     }

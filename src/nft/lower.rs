@@ -152,11 +152,6 @@ fn lower_stmt(stmt: &Stmt, out: &mut Vec<LowExpr>) {
             let sreg = load_concat(key, out);
             out.push(LowExpr::Lookup { sreg, dreg: Some(REG_VERDICT), set: map.clone(), flags: 0 });
         }
-        Stmt::NumgenVmap { modulus, offset, map } => {
-            out.push(numgen(*modulus, *offset));
-            out.push(hton_u32());
-            out.push(LowExpr::Lookup { sreg: REG_1, dreg: Some(REG_VERDICT), set: map.clone(), flags: 0 });
-        }
         Stmt::MarkOr(bits) => lower_mark_set(!bits, *bits, out),
         Stmt::MarkXor(bits) => lower_mark_set(u32::MAX, *bits, out),
         Stmt::UpdateSet { set, key } => {
@@ -202,8 +197,45 @@ fn lower_stmt(stmt: &Stmt, out: &mut Vec<LowExpr>) {
             out.push(LowExpr::Lookup { sreg: REG_1, dreg: Some(REG_1), set: map.clone(), flags: 0 });
             out.push(dnat_from_registers(*family));
         }
+        Stmt::HashLookup { family, hash, set } => {
+            lower_jhash(*family, hash, out);
+            out.push(hton_u32());
+            out.push(LowExpr::Lookup { sreg: REG_1, dreg: None, set: set.clone(), flags: 0 });
+        }
+        Stmt::DnatHashMap { family, proto, hash, map } => {
+            lower_cmp(Selector::L4Proto, CmpOp::Eq, &Value::Proto(*proto), out);
+            lower_jhash(*family, hash, out);
+            out.push(hton_u32());
+            out.push(LowExpr::Lookup { sreg: REG_1, dreg: Some(REG_1), set: map.clone(), flags: 0 });
+            out.push(dnat_from_registers(*family));
+        }
+        Stmt::DnatKeyMap { family, key, map } => {
+            // A hash map compares keys as bytes: the value stays in host order (no byteorder).
+            out.push(LowExpr::Numgen { dreg: REG_1, modulus: 1, kind: NG_INCREMENTAL, offset: *key });
+            out.push(LowExpr::Lookup { sreg: REG_1, dreg: Some(REG_1), set: map.clone(), flags: 0 });
+            out.push(dnat_from_registers(*family));
+        }
         Stmt::Verdict(v) => out.push(verdict_expr(v)),
     }
+}
+
+/// `jhash ip saddr . th sport …` into `reg 1`: the source address and port loaded from
+/// `reg 2` on, each padded to 32 bits, and hashed together, as nft lays them out.
+fn lower_jhash(family: IpFamily, hash: &Jhash, out: &mut Vec<LowExpr>) {
+    const FIRST_WORD: u32 = 4;
+    let (load, len) = selector_load(Selector::Saddr(family), register_for_word(FIRST_WORD));
+    out.push(load);
+    let addr_words = u32::try_from(len / 4).unwrap_or(4);
+    let sport = register_for_word(FIRST_WORD + addr_words);
+    out.push(LowExpr::Payload { base: PayloadBase::Transport, offset: 0, len: 2, dreg: sport });
+    out.push(LowExpr::Hash {
+        sreg: register_for_word(FIRST_WORD),
+        dreg: REG_1,
+        len: (addr_words + 1) * 4,
+        modulus: hash.modulus,
+        seed: hash.seed,
+        offset: hash.offset,
+    });
 }
 
 /// `dnat` to the address in `reg 1` and the port in the word after it (a map lookup's result).
@@ -385,8 +417,14 @@ pub fn set_spec(shape: SetShape, timeout_secs: Option<u32>, comment: Option<&str
             let data = concat(&[t, TYPE_INET_SERVICE]);
             (SET_MAP | SET_INTERVAL, TYPE_INTEGER, 4, Some(data), l + 4, hex(blob))
         }
-        SetShape::EndpointChains => {
-            (SET_MAP | SET_INTERVAL, TYPE_INTEGER, 4, Some(DATA_VERDICT), 0, hex(udata_prefix::NUMGEN_TO_VERDICT))
+        SetShape::SlotWindows => (SET_INTERVAL, TYPE_INTEGER, 4, None, 0, hex(udata_prefix::NUMGEN)),
+        SetShape::SlotTargets(fam) => {
+            let (t, l) = addr_type(fam);
+            let blob = match fam {
+                IpFamily::V4 => udata_prefix::NUMGEN_INC_TO_IP_DPORT,
+                IpFamily::V6 => udata_prefix::NUMGEN_INC_TO_IP6_DPORT,
+            };
+            (SET_MAP, TYPE_INTEGER, 4, Some(concat(&[t, TYPE_INET_SERVICE])), l + 4, hex(blob))
         }
         SetShape::ServiceKeys(fam) => {
             let (t, l) = addr_type(fam);
@@ -454,8 +492,12 @@ mod udata_prefix {
     pub(super) const NODEPORT_INDEX_TO_IP_DPORT: &str = "000400000000010400000000034a00040d0000000142000e00040900000001060004100000000114000407000000010c00040b000000010402000000021a0004170000000112000401000000010401000000020400000000043400040d000000012c0014000407000000010c00040c00000001040c0000000114000407000000010c00040b000000010402000000060400000000";
     /// `typeof meta l4proto . th dport . numgen random mod 1 : ip6 daddr . th dport`
     pub(super) const NODEPORT_INDEX_TO_IP6_DPORT: &str = "000400000000010400000000034a00040d0000000142000e00040900000001060004100000000114000407000000010c00040b000000010402000000021a0004170000000112000401000000010401000000020400000000043400040d000000012c0014000407000000010c00040d0000000104090000000114000407000000010c00040b000000010402000000060400000000";
-    /// `typeof numgen random mod 1 : verdict`
-    pub(super) const NUMGEN_TO_VERDICT: &str = "000401000000010400000000031a000417000000011200040100000001040100000002040000000004080004010000000100060400000000";
+    /// `typeof numgen random mod 1`
+    pub(super) const NUMGEN: &str = "000401000000031a0004170000000112000401000000010401000000020400000000";
+    /// `typeof numgen inc mod 1 : ip daddr . th dport`
+    pub(super) const NUMGEN_INC_TO_IP_DPORT: &str = "000401000000010400000000031a0004170000000112000400000000010401000000020400000000043400040d000000012c0014000407000000010c00040c00000001040c0000000114000407000000010c00040b000000010402000000060400000000";
+    /// `typeof numgen inc mod 1 : ip6 daddr . th dport`
+    pub(super) const NUMGEN_INC_TO_IP6_DPORT: &str = "000401000000010400000000031a0004170000000112000400000000010401000000020400000000043400040d000000012c0014000407000000010c00040d0000000104090000000114000407000000010c00040b000000010402000000060400000000";
 }
 
 fn hex(s: &str) -> Vec<u8> {
@@ -503,7 +545,7 @@ pub fn lower_elements(shape: SetShape, set: &BTreeMap<Vec<Value>, Element>) -> S
                 interval_elements(fam, set, &mut comments).into_iter().collect();
             elements.extend(unique);
         }
-        SetShape::EndpointTargets(_) | SetShape::EndpointChains => {
+        SetShape::EndpointTargets(_) | SetShape::SlotWindows => {
             for (key, element) in set {
                 // Big-endian keys: the rule converts the numgen result before the lookup.
                 let Some(Value::IndexRange(lo, hi)) = key.first() else { continue };

@@ -65,7 +65,7 @@ fn write_set(f: &mut fmt::Formatter<'_>, set: &Set) -> fmt::Result {
         writeln!(f, "\t\tsize 65535")?;
         writeln!(f, "\t\tflags dynamic,timeout")?;
     }
-    if let SetShape::Prefixes(_) | SetShape::EndpointTargets(_) | SetShape::EndpointChains = set.shape {
+    if let SetShape::Prefixes(_) | SetShape::EndpointTargets(_) | SetShape::SlotWindows = set.shape {
         writeln!(f, "\t\tflags interval")?;
     }
     if let Some(t) = set.timeout_secs {
@@ -139,7 +139,10 @@ pub fn shape_declaration(shape: SetShape) -> String {
         SetShape::EndpointTargets(fam) => {
             format!("typeof numgen random mod 1 : {} daddr . th dport", family_keyword(fam))
         }
-        SetShape::EndpointChains => "typeof numgen random mod 1 : verdict".to_string(),
+        SetShape::SlotWindows => "typeof numgen random mod 1".to_string(),
+        SetShape::SlotTargets(fam) => {
+            format!("typeof numgen inc mod 1 : {} daddr . th dport", family_keyword(fam))
+        }
         SetShape::ServiceKeys(fam) => format!("type {} . inet_proto . inet_service", addr(fam)),
         SetShape::PortKeys => "type inet_proto . inet_service".to_string(),
         SetShape::ServiceEndpoints(fam) => {
@@ -313,9 +316,6 @@ impl Display for Stmt {
                 write!(f, "{} {op}@{set}", concat_selectors(key))
             }
             Stmt::Vmap { key, map } => write!(f, "{} vmap @{map}", concat_selectors(key)),
-            Stmt::NumgenVmap { modulus, offset, map } => {
-                write!(f, "{} vmap @{map}", Numgen(*modulus, *offset))
-            }
             Stmt::MarkOr(bits) => write!(f, "meta mark set meta mark | {bits:#010x}"),
             Stmt::MarkXor(bits) => write!(f, "meta mark set meta mark ^ {bits:#010x}"),
             Stmt::UpdateSet { set, key } => write!(f, "update @{set} {{ {key} }}"),
@@ -331,8 +331,36 @@ impl Display for Stmt {
                 let (ip, key) = (family_keyword(*family), concat_selectors(key));
                 write!(f, "dnat {ip} to {key} . {} map @{map}", Numgen(*modulus, 0))
             }
+            Stmt::HashLookup { family, hash, set } => write!(f, "{} @{set}", JhashText(*family, "th", *hash)),
+            Stmt::DnatHashMap { family, proto, hash, map } => {
+                let hash = JhashText(*family, proto.name(), *hash);
+                write!(f, "dnat {} to {hash} map @{map}", family_keyword(*family))
+            }
+            Stmt::DnatKeyMap { family, key, map } => {
+                write!(f, "dnat {} to numgen inc mod 1", family_keyword(*family))?;
+                if *key != 0 {
+                    write!(f, " offset {key}")?;
+                }
+                write!(f, " map @{map}")
+            }
             Stmt::Verdict(v) => write!(f, "{v}"),
         }
+    }
+}
+
+/// `jhash ip saddr . th sport mod N seed 0x… offset K`, as nft prints it (`tcp sport` where a
+/// protocol match comes with it).
+struct JhashText<'a>(IpFamily, &'a str, Jhash);
+
+impl Display for JhashText<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let JhashText(family, header, hash) = self;
+        let ip = family_keyword(*family);
+        write!(f, "jhash {ip} saddr . {header} sport mod {} seed {:#x}", hash.modulus, hash.seed)?;
+        if hash.offset != 0 {
+            write!(f, " offset {}", hash.offset)?;
+        }
+        Ok(())
     }
 }
 

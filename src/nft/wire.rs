@@ -49,8 +49,12 @@ pub mod consts {
     /// `IPS_DST_NAT`
     pub const CT_STATUS_DNAT: u32 = 1 << 5;
 
+    /// `NFT_NG_INCREMENTAL`
+    pub const NG_INCREMENTAL: u32 = 0;
     /// `NFT_NG_RANDOM`
     pub const NG_RANDOM: u32 = 1;
+    /// `NFT_HASH_JENKINS`
+    pub const HASH_JENKINS: u32 = 0;
     /// `NFT_BYTEORDER_HTON`
     pub const BYTEORDER_HTON: u32 = 1;
     /// `NFT_FIB_RESULT_ADDRTYPE`
@@ -178,6 +182,16 @@ pub enum LowExpr {
         dreg: u32,
         modulus: u32,
         kind: u32,
+        offset: u32,
+    },
+    /// `jhash(sreg, len, seed) % modulus + offset`: the bytes of consecutive registers hashed
+    /// with the kernel's `jhash`.
+    Hash {
+        sreg: u32,
+        dreg: u32,
+        len: u32,
+        modulus: u32,
+        seed: u32,
         offset: u32,
     },
     /// `byteorder reg 1 = hton(reg 1, 4, 4)`: nft converts a numgen result to network order
@@ -453,7 +467,7 @@ pub struct NumgenWindow {
 }
 
 impl WireTable {
-    /// Every balancing rule of the table (`numgen … offset K` then a map lookup), read back from
+    /// Every balancing rule of the table (`numgen` or `jhash … offset K` then a map lookup), read back from
     /// the kernel so that a restarted proxy finds where each chain's endpoints are.
     pub fn numgen_windows(&self) -> Vec<NumgenWindow> {
         let mut out = Vec::new();
@@ -461,7 +475,7 @@ impl WireTable {
             for rule in &chain.rules {
                 for triple in rule.exprs.windows(3) {
                     let [
-                        LowExpr::Numgen { modulus, offset, .. },
+                        LowExpr::Numgen { modulus, offset, .. } | LowExpr::Hash { modulus, offset, .. },
                         LowExpr::Byteorder { .. },
                         LowExpr::Lookup { set, .. },
                     ] = triple

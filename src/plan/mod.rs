@@ -7,7 +7,8 @@
 //!   **named** maps (`dnat ip to numgen random mod N offset K map @endpoints-0`; see
 //!   `placement`), so an endpoint change is element operations, and the kernel neither walks
 //!   anonymous-set bindings nor scans thousands of set names; one endpoint is a plain DNAT;
-//! - per-endpoint chains exist only where they carry state: session affinity;
+//! - no per-endpoint chains: session affinity binds endpoints to the slots of a port by map
+//!   elements (see `affinity`), so its endpoint changes are elements too;
 //! - hairpin (a pod reaching itself through its service) is one set lookup in postrouting
 //!   instead of a rule per endpoint;
 //! - masquerading ClusterIP traffic from outside the cluster is one rule in `services` instead
@@ -21,6 +22,7 @@
 //! infrastructure with every service merged in, first claim of a shared key winning
 //! ([`plan`]), so the syncer can plan one service again and get exactly its share.
 
+pub(crate) mod affinity;
 mod balance;
 mod conntrack;
 pub mod endpoints;
@@ -44,7 +46,7 @@ use crate::nft::*;
 pub(crate) use balance::chains as balance_chains;
 pub(crate) use infrastructure::base_chains;
 pub(crate) use objects::SharedSet;
-use placement::{Placement, SlotLookup, WindowDemand};
+use placement::{Demands, Placement, SlotLookup};
 
 /// Where NodePort traffic is accepted in one family.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -167,7 +169,7 @@ pub(crate) type SharedElements = BTreeMap<SharedSet, BTreeMap<Vec<Value>, Elemen
 #[derive(Debug, Clone)]
 pub(crate) struct Fragment {
     /// The service's own chains and sets (service, local, external and firewall chains,
-    /// endpoint chains, affinity sets, source ranges), in a table of the right family and name.
+    /// affinity slot sets, source ranges), in a table of the right family and name.
     pub(crate) own: Table,
     /// Its elements of the shared sets and maps.
     pub(crate) shared: SharedElements,
@@ -226,8 +228,8 @@ impl ServicePlan {
 /// `render`, tests).
 pub fn plan(input: &PlanInput<'_>) -> Plan {
     let families = families(input);
-    let demands = input.state.services().map(|svc| (svc.name.clone(), window_demands(input, &families, svc)));
-    plan_placed(input, &Placement::settle([], demands))
+    let demands = input.state.services().map(|svc| (svc.name.clone(), demands(input, &families, svc)));
+    plan_placed(input, &Placement::settle([], [], demands))
 }
 
 /// Plans the whole ruleset with endpoint windows where `slots` has them.
@@ -258,15 +260,15 @@ pub(crate) fn plan_infrastructure(input: &PlanInput<'_>, families: &[IpFamily]) 
     FamilyMap::from_fn(families, |f| infrastructure::table(f, input))
 }
 
-/// The endpoint windows a service needs, in every family of `families`.
-pub(crate) fn window_demands(input: &PlanInput<'_>, families: &[IpFamily], service: &ServiceInfo) -> Vec<WindowDemand> {
+/// The endpoint windows and affinity slots a service needs, in every family of `families`.
+pub(crate) fn demands(input: &PlanInput<'_>, families: &[IpFamily], service: &ServiceInfo) -> Demands {
     let node = service::NodeContext::of(input);
-    let mut out = Vec::new();
+    let mut out = Demands::default();
     for &family in families {
         // A balanced port has no window: it is skipped before its endpoints are sorted.
         for sp in service.ports.iter().filter(|sp| !service::balanced(sp)) {
             if let Some(port) = service::PortPlan::new(family, sp, input, &node) {
-                out.extend(port.window_demands());
+                port.demands(&mut out);
             }
         }
     }

@@ -31,6 +31,12 @@ pub fn service_port_base(spn: &ServicePortName) -> String {
     hash_and_truncate(&format!("{}/{}/{}/{}", spn.service.namespace, spn.service.name, spn.protocol.name(), spn.port))
 }
 
+/// The dynamic set of affinity slot `j` of a service port: `affinity-HASH-ns/svc/proto/port__j`
+/// (upstream's per-endpoint sets end `__ip/port`).
+pub fn affinity_slot_set(base: &str, j: usize) -> String {
+    format!("affinity-{base}__{j}")
+}
+
 /// The base name of an endpoint's objects: `HASH-ns/svc/proto/port__ip/port`, with IPv6 colons
 /// replaced by dots (colons are not allowed in nftables names).
 pub fn endpoint_base(spn: &ServicePortName, ep: &Endpoint) -> String {

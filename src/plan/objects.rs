@@ -41,20 +41,35 @@ pub(crate) const BALANCE_NODEPORT: &str = "balance-nodeport";
 pub(crate) enum MapKind {
     /// `endpoints-N`: numgen range → endpoint address and port (DNAT targets).
     Targets,
-    /// `endpoint-chains-N`: numgen range → `goto endpoint-…` (session affinity).
-    Chains,
+    /// `affinity-endpoints-N`: hash range → endpoint address and port, for the service ports
+    /// with session affinity; beside it `affinity-windows-N` and `affinity-targets-N` hold
+    /// their slots (see [`crate::plan::placement`]).
+    Affinity,
 }
 
 impl MapKind {
-    const ALL: [MapKind; 2] = [MapKind::Targets, MapKind::Chains];
+    const ALL: [MapKind; 2] = [MapKind::Targets, MapKind::Affinity];
 
     fn prefix(self) -> &'static str {
         match self {
             MapKind::Targets => "endpoints-",
-            MapKind::Chains => "endpoint-chains-",
+            MapKind::Affinity => "affinity-endpoints-",
+        }
+    }
+
+    /// The shared maps a shard of this kind is made of.
+    pub(crate) fn maps(self, shard: u32) -> Vec<SharedSet> {
+        match self {
+            MapKind::Targets => vec![SharedSet::EndpointMap(self, shard)],
+            MapKind::Affinity => {
+                vec![SharedSet::EndpointMap(self, shard), SharedSet::SlotWindows(shard), SharedSet::SlotTargets(shard)]
+            }
         }
     }
 }
+
+const SLOT_WINDOWS: &str = "affinity-windows-";
+const SLOT_TARGETS: &str = "affinity-targets-";
 
 /// What a balancing map is keyed by.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -107,9 +122,14 @@ pub(crate) enum SharedSet {
     ClusterCidrs,
     /// `service-cidrs`: the ServiceCIDRs' ranges (issue 14), written by the infrastructure.
     ServiceCidrs,
-    /// A shared endpoint map, `endpoints-N` or `endpoint-chains-N`: each service port owns a
+    /// A shared endpoint map, `endpoints-N` or `affinity-endpoints-N`: each service port owns a
     /// window of it, so its keys are never contested.
     EndpointMap(MapKind, u32),
+    /// `affinity-windows-N`: each affinity slot's share of its port's hash window, at the
+    /// slot's own offset in the port's window.
+    SlotWindows(u32),
+    /// `affinity-targets-N`: the endpoint each affinity slot is bound to, under the slot's key.
+    SlotTargets(u32),
     /// `balanced-service-ips`: ClusterIPs (with protocol and port) balanced by `balance-service`.
     BalancedServiceIps,
     /// `balanced-external-ips`: external and LoadBalancer IPs balanced by `balance-external`.
@@ -154,6 +174,8 @@ impl SharedSet {
             SharedSet::BalancedNodeports => BALANCED_NODEPORTS,
             SharedSet::ServiceCidrs => SERVICE_CIDRS,
             SharedSet::EndpointMap(kind, n) => return Cow::Owned(format!("{}{n}", kind.prefix())),
+            SharedSet::SlotWindows(n) => return Cow::Owned(format!("{SLOT_WINDOWS}{n}")),
+            SharedSet::SlotTargets(n) => return Cow::Owned(format!("{SLOT_TARGETS}{n}")),
             SharedSet::Balance(map, n) => return Cow::Owned(format!("{}{n}", map.prefix())),
         })
     }
@@ -180,7 +202,9 @@ impl SharedSet {
         }
         let window = MapKind::ALL
             .into_iter()
-            .find_map(|kind| Some(SharedSet::EndpointMap(kind, numbered(name, kind.prefix())?)));
+            .find_map(|kind| Some(SharedSet::EndpointMap(kind, numbered(name, kind.prefix())?)))
+            .or_else(|| numbered(name, SLOT_WINDOWS).map(SharedSet::SlotWindows))
+            .or_else(|| numbered(name, SLOT_TARGETS).map(SharedSet::SlotTargets));
         let balance = || {
             BalanceMap::ALL.into_iter().find_map(|map| {
                 let n = numbered(name, map.prefix())?;
@@ -190,16 +214,17 @@ impl SharedSet {
         window.or_else(balance)
     }
 
-    /// Whether this is an endpoint map of numgen windows (each service port owns a window).
+    /// Whether this is keyed by the numbers of endpoint windows (each service port owns a
+    /// window, so its keys are never contested).
     pub(crate) fn is_endpoint_map(self) -> bool {
-        matches!(self, SharedSet::EndpointMap(..))
+        matches!(self, SharedSet::EndpointMap(..) | SharedSet::SlotWindows(_) | SharedSet::SlotTargets(_))
     }
 
     /// Whether the set exists only while it holds elements (created by the first service that
     /// writes into it, deleted with its last element), rather than with the infrastructure.
     pub(crate) fn on_demand(self) -> bool {
         match self {
-            SharedSet::EndpointMap(..) => true,
+            SharedSet::EndpointMap(..) | SharedSet::SlotWindows(_) | SharedSet::SlotTargets(_) => true,
             SharedSet::Balance(_, n) => n > BalanceMap::PRESET,
             _ => false,
         }
@@ -219,8 +244,9 @@ impl SharedSet {
             SharedSet::NoEndpointNodeports | SharedSet::ServiceNodeports => SetShape::PortVerdicts,
             SharedSet::Hairpin => SetShape::AddressPairs(family),
             SharedSet::ClusterCidrs | SharedSet::ServiceCidrs => SetShape::Prefixes(family),
-            SharedSet::EndpointMap(MapKind::Targets, _) => SetShape::EndpointTargets(family),
-            SharedSet::EndpointMap(MapKind::Chains, _) => SetShape::EndpointChains,
+            SharedSet::EndpointMap(..) => SetShape::EndpointTargets(family),
+            SharedSet::SlotWindows(_) => SetShape::SlotWindows,
+            SharedSet::SlotTargets(_) => SetShape::SlotTargets(family),
         }
     }
 
@@ -239,9 +265,11 @@ impl SharedSet {
             SharedSet::EndpointMap(MapKind::Targets, _) => {
                 "service port endpoints: a numgen window per port, a range per endpoint"
             }
-            SharedSet::EndpointMap(MapKind::Chains, _) => {
-                "endpoint chains of service ports with session affinity: a window per port"
+            SharedSet::EndpointMap(MapKind::Affinity, _) => {
+                "endpoints of service ports with session affinity: a jhash window per port, a range per endpoint"
             }
+            SharedSet::SlotWindows(_) => "affinity slots: the hash range of each slot's endpoint",
+            SharedSet::SlotTargets(_) => "affinity slots: the endpoint each slot is bound to",
             SharedSet::BalancedServiceIps => "ClusterIP traffic balanced by balance-service",
             SharedSet::BalancedExternalIps => "ExternalIP and LoadBalancer IP traffic balanced by balance-external",
             SharedSet::BalancedNodeports => "NodePort traffic balanced by balance-nodeport",
@@ -293,7 +321,8 @@ mod tests {
         for set in SharedSet::SERVICE_WRITTEN
             .into_iter()
             .chain([SharedSet::NodeportIps, SharedSet::ClusterCidrs, SharedSet::ServiceCidrs])
-            .chain([SharedSet::EndpointMap(MapKind::Targets, 12), SharedSet::EndpointMap(MapKind::Chains, 0)])
+            .chain([SharedSet::EndpointMap(MapKind::Targets, 12), SharedSet::EndpointMap(MapKind::Affinity, 0)])
+            .chain([SharedSet::SlotWindows(3), SharedSet::SlotTargets(0)])
             .chain([SharedSet::Balance(BalanceMap::Service, 1), SharedSet::Balance(BalanceMap::Nodeport, 250)])
         {
             assert_eq!(SharedSet::from_name(&set.name()), Some(set), "{set}");

@@ -2,9 +2,9 @@
 //!
 //! A service port with several endpoints balances with `numgen random mod 1048576 offset K`
 //! over its own **window** of 2^20 numbers in one of a few shared interval maps
-//! (`endpoints-0`, `endpoints-1`, … for DNAT targets; `endpoint-chains-0`, … for the endpoint
-//! chains of session affinity). The window is split into one range per endpoint, as evenly as
-//! 2^20 allows (the largest relative difference between two endpoints is N / 2^20).
+//! (`endpoints-0`, `endpoints-1`, …; `affinity-endpoints-0`, … with their slot maps for session
+//! affinity, see [`super::affinity`]). The window is split into one range per endpoint, as
+//! evenly as 2^20 allows (the largest relative difference between two endpoints is N / 2^20).
 //!
 //! The shape follows the kernel's costs, measured on the benchmark's clusters:
 //! - the rule never changes while the service port has endpoints, so adding or removing one is
@@ -15,13 +15,11 @@
 //! - one map for everything would make every rule that looks it up walk all its elements (the
 //!   kernel checks a map's data against each chain that binds it).
 //!
-//! Maps of about [`SHARD_LOAD`] endpoints bound both scans for DNAT targets. Verdict maps are
-//! different: whenever the table is validated (every commit that adds a rule or a `goto`), the
-//! kernel walks a verdict map in full for each rule that looks it up, so a shared
-//! `endpoint-chains` map would make that walk quadratic; each affinity port has its own.
+//! Maps of about [`SHARD_LOAD`] endpoints bound both scans. (No verdict maps: whenever the
+//! table is validated, the kernel walks a verdict map in full for each rule that looks it up.)
 //!
-//! A [`Placement`] is a plain value, an input to planning: planning asks it where a window is
-//! ([`SlotLookup`]) and never changes it. The syncer changes it explicitly: [`Placement::settle`]
+//! A [`Placement`] is a plain value, an input to planning: planning asks it where a window is,
+//! and which endpoint each affinity slot is bound to ([`SlotLookup`]), and never changes it. The syncer changes it explicitly: [`Placement::settle`]
 //! places every service at once (a full sync: windows found in the kernel, or placed before, stay
 //! where they are), [`Placement::update_service`] moves one service to its new windows (a partial
 //! sync). A window never moves while its service port keeps needing it.
@@ -30,7 +28,9 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use crate::model::NamespacedName;
 use crate::net::IpFamily;
-use crate::plan::objects::MapKind;
+use crate::plan::affinity::{AffinityDemand, AffinityId, AffinitySlots};
+use crate::plan::names;
+use crate::plan::objects::{MapKind, SharedSet};
 
 /// The numbers `numgen` draws for one service port.
 pub(crate) const WINDOW: u32 = 1 << crate::nft::wire::NUMGEN_WINDOW_BITS;
@@ -70,28 +70,56 @@ impl Slot {
     }
 }
 
-/// Where planning finds windows.
+/// What one service asks of the placement: a window per balancing chain, slots per service
+/// port with session affinity.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(crate) struct Demands {
+    pub windows: Vec<WindowDemand>,
+    pub affinity: Vec<AffinityDemand>,
+}
+
+/// Where planning finds windows and affinity slots.
 pub(crate) trait SlotLookup {
     /// The slot of a window, if it is placed.
     fn slot(&self, id: &WindowId) -> Option<Slot>;
+    /// A service port's affinity slots, if it has any.
+    fn affinity(&self, id: &AffinityId) -> Option<&AffinitySlots>;
 }
 
-impl SlotLookup for [(WindowId, Slot)] {
+/// One service's windows and affinity slots: what planning it again needs.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(crate) struct Placed {
+    pub windows: Vec<(WindowId, Slot)>,
+    pub affinity: Vec<(AffinityId, AffinitySlots)>,
+}
+
+impl SlotLookup for Placed {
     fn slot(&self, id: &WindowId) -> Option<Slot> {
-        self.iter().find(|(w, _)| w == id).map(|(_, s)| *s)
+        self.windows.iter().find(|(w, _)| w == id).map(|(_, s)| *s)
+    }
+
+    fn affinity(&self, id: &AffinityId) -> Option<&AffinitySlots> {
+        self.affinity.iter().find(|(a, _)| a == id).map(|(_, s)| s)
     }
 }
 
-impl SlotLookup for Vec<(WindowId, Slot)> {
-    fn slot(&self, id: &WindowId) -> Option<Slot> {
-        self.as_slice().slot(id)
-    }
+/// An affinity slot's set to flush: its endpoint went, or another took the slot.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct SlotFlush {
+    pub family: IpFamily,
+    pub set: String,
+    pub service: NamespacedName,
 }
 
 /// The ranges `n` endpoints get in a window at `offset`: `(first, last)` per endpoint.
 pub(crate) fn ranges(offset: u32, n: u32) -> Vec<(u32, u32)> {
-    let n = n.clamp(1, WINDOW);
-    let (width, extra) = (WINDOW / n, WINDOW % n);
+    ranges_in(offset, n, WINDOW)
+}
+
+/// The ranges `n` endpoints get in `width` numbers at `offset`.
+pub(crate) fn ranges_in(offset: u32, n: u32, width: u32) -> Vec<(u32, u32)> {
+    let n = n.clamp(1, width.max(1));
+    let (width, extra) = (width / n, width % n);
     let mut start = offset;
     (0..n)
         .map(|i| {
@@ -138,12 +166,17 @@ impl Shard {
 
 type Space = (IpFamily, MapKind);
 
-/// Every placed window, by chain, with the service holding it.
+/// Every placed window, by chain, and every service port's affinity slots, with the service
+/// holding them.
 #[derive(Debug, Clone, Default)]
 pub(crate) struct Placement {
     blocks: HashMap<WindowId, Block>,
     shards: BTreeMap<Space, BTreeMap<u32, Shard>>,
     services: HashMap<NamespacedName, Vec<WindowId>>,
+    affinity: HashMap<AffinityId, AffinitySlots>,
+    affinity_of: HashMap<NamespacedName, Vec<AffinityId>>,
+    /// Slot sets to flush with the next transaction (see [`Placement::take_flushes`]).
+    flushes: Vec<SlotFlush>,
 }
 
 impl Placement {
@@ -155,14 +188,25 @@ impl Placement {
     /// Places every service's windows at once, services in the order given. A window in
     /// `prior` (where it was placed before, or found in the kernel) stays there when demanded
     /// again, unless an earlier service already holds that spot; every other demand gets a free
-    /// window. Windows of `prior` nobody demands are free.
+    /// window. Windows of `prior` nobody demands are free. Affinity slots are seated from
+    /// `prior_affinity` (see [`AffinitySlots::seat`]); the slots that changed endpoint are to be
+    /// flushed.
     pub(crate) fn settle(
         prior: impl IntoIterator<Item = (WindowId, Slot)>,
-        demands: impl IntoIterator<Item = (NamespacedName, Vec<WindowDemand>)>,
+        prior_affinity: impl IntoIterator<Item = (AffinityId, AffinitySlots)>,
+        demands: impl IntoIterator<Item = (NamespacedName, Demands)>,
     ) -> Placement {
         let prior: HashMap<WindowId, Slot> = prior.into_iter().collect();
-        let demands: Vec<(NamespacedName, Vec<WindowDemand>)> = demands.into_iter().collect();
+        let prior_affinity: HashMap<AffinityId, AffinitySlots> = prior_affinity.into_iter().collect();
+        let demands: Vec<(NamespacedName, Demands)> = demands.into_iter().collect();
         let mut p = Placement::new();
+        for (service, wanted) in &demands {
+            for demand in &wanted.affinity {
+                p.seat(service, demand, prior_affinity.get(&demand.id));
+            }
+        }
+        let demands: Vec<(NamespacedName, Vec<WindowDemand>)> =
+            demands.into_iter().map(|(service, d)| (service, d.windows)).collect();
         // First the windows that stay, so that nothing new lands on them.
         let mut taken: BTreeSet<(IpFamily, MapKind, u32, u32)> = BTreeSet::new();
         for (service, wanted) in &demands {
@@ -200,9 +244,17 @@ impl Placement {
         p
     }
 
-    /// Moves one service to the windows it demands now: windows it keeps stay where they are
-    /// (with their new endpoint counts), windows it no longer needs are freed, new ones placed.
-    pub(crate) fn update_service(&mut self, service: &NamespacedName, demands: &[WindowDemand]) {
+    /// Moves one service to the windows and slots it demands now: windows it keeps stay where
+    /// they are (with their new endpoint counts), windows it no longer needs are freed, new ones
+    /// placed; endpoints keep their affinity slots.
+    pub(crate) fn update_service(&mut self, service: &NamespacedName, demands: &Demands) {
+        let old_affinity = self.affinity_of.remove(service).unwrap_or_default();
+        let mut prior: HashMap<AffinityId, AffinitySlots> =
+            old_affinity.into_iter().filter_map(|id| Some((id.clone(), self.affinity.remove(&id)?))).collect();
+        for demand in &demands.affinity {
+            self.seat(service, demand, prior.remove(&demand.id).as_ref());
+        }
+        let demands = demands.windows.as_slice();
         let old = self.services.remove(service).unwrap_or_default();
         for id in old.iter().filter(|id| !demands.iter().any(|d| d.id == **id)) {
             self.release(id);
@@ -225,31 +277,60 @@ impl Placement {
         self.drop_empty_shards();
     }
 
+    /// Seats one port's affinity slots from `prior`, and notes the slots to flush.
+    fn seat(&mut self, service: &NamespacedName, demand: &AffinityDemand, prior: Option<&AffinitySlots>) {
+        let slots = AffinitySlots::seat(prior, &demand.endpoints);
+        if let Some(prior) = prior {
+            self.flushes.extend(prior.flushed_by(&slots).into_iter().map(|j| SlotFlush {
+                family: demand.id.family,
+                set: names::affinity_slot_set(&demand.id.base, j),
+                service: service.clone(),
+            }));
+        }
+        self.affinity.insert(demand.id.clone(), slots);
+        self.affinity_of.entry(service.clone()).or_default().push(demand.id.clone());
+    }
+
+    /// The slot sets to flush since the last call: the transaction that binds their slots anew
+    /// must empty them, or a client recorded for the old endpoint would stick to the new one.
+    pub(crate) fn take_flushes(&mut self) -> Vec<SlotFlush> {
+        std::mem::take(&mut self.flushes)
+    }
+
+    /// Every service port's affinity slots.
+    pub(crate) fn affinity_slots(&self) -> impl Iterator<Item = (AffinityId, AffinitySlots)> + '_ {
+        self.affinity.iter().map(|(id, s)| (id.clone(), s.clone()))
+    }
+
     /// Every placed window and its slot.
     pub(crate) fn windows(&self) -> impl Iterator<Item = (WindowId, Slot)> + '_ {
         self.blocks.iter().map(|(id, b)| (id.clone(), Slot { shard: b.shard, offset: b.window * WINDOW }))
     }
 
-    /// The endpoint maps in use: (family, kind, shard).
-    pub(crate) fn maps(&self) -> BTreeSet<(IpFamily, MapKind, u32)> {
-        self.blocks.iter().map(|(id, b)| (id.family, id.kind, b.shard)).collect()
+    /// The endpoint maps in use.
+    pub(crate) fn maps(&self) -> BTreeSet<(IpFamily, SharedSet)> {
+        let shards: BTreeSet<(IpFamily, MapKind, u32)> =
+            self.blocks.iter().map(|(id, b)| (id.family, id.kind, b.shard)).collect();
+        shards
+            .into_iter()
+            .flat_map(|(family, kind, shard)| kind.maps(shard).into_iter().map(move |m| (family, m)))
+            .collect()
     }
 
-    /// The windows one service holds.
-    pub(crate) fn slots_of(&self, service: &NamespacedName) -> Vec<(WindowId, Slot)> {
+    /// The windows and affinity slots one service holds.
+    pub(crate) fn placed(&self, service: &NamespacedName) -> Placed {
         let ids = self.services.get(service).map(Vec::as_slice).unwrap_or_default();
-        ids.iter().filter_map(|id| Some((id.clone(), self.slot(id)?))).collect()
+        let affinity = self.affinity_of.get(service).map(Vec::as_slice).unwrap_or_default();
+        Placed {
+            windows: ids.iter().filter_map(|id| Some((id.clone(), self.slot(id)?))).collect(),
+            affinity: affinity.iter().filter_map(|id| Some((id.clone(), self.affinity.get(id)?.clone()))).collect(),
+        }
     }
 
     fn allocate(&mut self, demand: &WindowDemand) {
         let (kind, n) = (demand.id.kind, demand.endpoints);
         let shards = self.shards.entry((demand.id.family, kind)).or_default();
-        // A verdict map is walked in full for every rule that looks it up whenever the table is
-        // validated (any commit adding a rule or a goto), so sharing one between service ports
-        // makes that walk quadratic: each affinity port gets a map of its own.
-        let fits = |s: &Shard| {
-            s.has_window() && s.load.saturating_add(n) <= SHARD_LOAD && (kind == MapKind::Targets || s.blocks == 0)
-        };
+        let fits = |s: &Shard| s.has_window() && s.load.saturating_add(n) <= SHARD_LOAD;
         let id = match shards.iter().find(|(_, s)| fits(s)) {
             Some((id, _)) => *id,
             // The lowest unused shard number, so names stay small and are reused.
@@ -282,6 +363,10 @@ impl SlotLookup for Placement {
     fn slot(&self, id: &WindowId) -> Option<Slot> {
         self.blocks.get(id).map(|b| Slot { shard: b.shard, offset: b.window * WINDOW })
     }
+
+    fn affinity(&self, id: &AffinityId) -> Option<&AffinitySlots> {
+        self.affinity.get(id)
+    }
 }
 
 #[cfg(test)]
@@ -301,6 +386,10 @@ mod tests {
 
     fn want(chain: &str, n: u32) -> WindowDemand {
         WindowDemand { id: id(chain), endpoints: n }
+    }
+
+    fn windows(windows: Vec<WindowDemand>) -> Demands {
+        Demands { windows, affinity: Vec::new() }
     }
 
     fn svc(name: &str) -> NamespacedName {
@@ -323,34 +412,38 @@ mod tests {
 
     #[test]
     fn windows_never_move_and_are_reused_when_freed() {
-        let mut p = Placement::settle([], [(svc("a"), vec![want("a", 3)]), (svc("b"), vec![want("b", 5)])]);
+        let mut p = Placement::settle(
+            [],
+            [],
+            [(svc("a"), windows(vec![want("a", 3)])), (svc("b"), windows(vec![want("b", 5)]))],
+        );
         assert_eq!(p.slot(&id("a")), Some(at(0, 0)));
         assert_eq!(p.slot(&id("b")), Some(at(0, 1)));
-        p.update_service(&svc("a"), &[want("a", 300)]);
+        p.update_service(&svc("a"), &windows(vec![want("a", 300)]));
         assert_eq!(p.slot(&id("a")), Some(at(0, 0)), "growing keeps the window");
-        p.update_service(&svc("c"), &[want("c", 2)]);
+        p.update_service(&svc("c"), &windows(vec![want("c", 2)]));
         assert_eq!(p.slot(&id("c")), Some(at(0, 2)));
-        p.update_service(&svc("b"), &[]);
-        p.update_service(&svc("d"), &[want("d", 2)]);
+        p.update_service(&svc("b"), &Demands::default());
+        p.update_service(&svc("d"), &windows(vec![want("d", 2)]));
         assert_eq!(p.slot(&id("d")), Some(at(0, 1)), "b's window is free again");
-        assert_eq!(p.slots_of(&svc("b")), vec![]);
+        assert_eq!(p.placed(&svc("b")), Placed::default());
     }
 
     #[test]
     fn a_full_map_sends_new_windows_to_the_next_and_empty_maps_go() {
         let mut p = Placement::new();
-        p.update_service(&svc("big"), &[want("big", SHARD_LOAD - 10)]);
-        p.update_service(&svc("next"), &[want("next", 20)]);
-        p.update_service(&svc("small"), &[want("small", 10)]);
+        p.update_service(&svc("big"), &windows(vec![want("big", SHARD_LOAD - 10)]));
+        p.update_service(&svc("next"), &windows(vec![want("next", 20)]));
+        p.update_service(&svc("small"), &windows(vec![want("small", 10)]));
         assert_eq!(p.slot(&id("big")), Some(at(0, 0)));
         assert_eq!(p.slot(&id("next")), Some(at(1, 0)), "map 0 is full");
         assert_eq!(p.slot(&id("small")), Some(at(0, 1)), "map 0 still takes what fits");
         let v6 = WindowDemand { id: WindowId { family: IpFamily::V6, ..id("a") }, endpoints: 3 };
-        let chains = WindowDemand { id: WindowId { kind: MapKind::Chains, ..id("a") }, endpoints: 3 };
-        p.update_service(&svc("a"), &[v6.clone(), chains.clone()]);
+        let chains = WindowDemand { id: WindowId { kind: MapKind::Affinity, ..id("a") }, endpoints: 3 };
+        p.update_service(&svc("a"), &windows(vec![v6.clone(), chains.clone()]));
         assert_eq!(p.slot(&v6.id), Some(at(0, 0)), "families are separate spaces");
         assert_eq!(p.slot(&chains.id), Some(at(0, 0)), "so are map kinds");
-        p.update_service(&svc("next"), &[]);
+        p.update_service(&svc("next"), &Demands::default());
         assert_eq!(p.shards[&(F, T)].len(), 1, "map 1 was dropped when it emptied");
     }
 
@@ -372,7 +465,7 @@ mod tests {
             (svc("odd"), vec![want("odd", 2)]),
             (svc("x"), vec![want("x", 2)]),
         ];
-        let p = Placement::settle(prior, demands);
+        let p = Placement::settle(prior, [], demands.into_iter().map(|(s, w)| (s, windows(w))));
         assert_eq!(p.slot(&id("a")), Some(at(0, 3)));
         assert_eq!(p.slot(&id("b")), Some(at(0, 0)));
         assert_eq!(p.slot(&id("c")), Some(at(3, 0)));

@@ -6,9 +6,10 @@ use std::sync::Arc;
 
 use ipnet::IpNet;
 
+use super::affinity::{AffinityDemand, AffinityId, AffinitySlots};
 use super::endpoints::{Categorized, NodeView, categorize};
 use super::objects::*;
-use super::placement::{self, Slot, SlotLookup, WindowDemand, WindowId};
+use super::placement::{self, Demands, Slot, SlotLookup, WindowDemand, WindowId};
 use super::{Fragment, PlanInput, ServicePlan, goto, jump, local_match, lookup, names};
 use crate::model::{Endpoint, ServicePort};
 use crate::net::IpFamily;
@@ -45,10 +46,11 @@ pub(super) fn balanced(sp: &ServicePort) -> bool {
     sp.session_affinity_secs.is_none() && !sp.external_local()
 }
 
-/// Whether a chain balancing over `n` endpoints uses a window of an endpoint map (rather than
-/// a plain DNAT or goto).
+/// Whether a chain balancing over `n` endpoints uses a window of an endpoint map: whenever it
+/// has endpoints, one included, so that going from one endpoint to two (or back) is element
+/// operations, not a rule rewritten.
 fn windowed(n: usize) -> bool {
-    n > 1
+    n > 0
 }
 
 impl<'a> PortPlan<'a> {
@@ -74,32 +76,42 @@ impl<'a> PortPlan<'a> {
     }
 
     fn map_kind(&self) -> MapKind {
-        if self.sp.session_affinity_secs.is_some() { MapKind::Chains } else { MapKind::Targets }
+        if self.sp.session_affinity_secs.is_some() { MapKind::Affinity } else { MapKind::Targets }
     }
 
     fn balanced(&self) -> bool {
         balanced(self.sp)
     }
 
-    /// The endpoint windows this port's balancing chains need.
-    pub(super) fn window_demands(&self) -> Vec<WindowDemand> {
-        let mut out = Vec::new();
+    /// The endpoint windows this port's balancing chains need, and its affinity slots.
+    pub(super) fn demands(&self, out: &mut Demands) {
         if self.balanced() {
-            return out;
+            return;
         }
+        let kind = self.map_kind();
         let mut demand = |chain: String, n: usize| {
             if windowed(n) {
-                let id = WindowId { family: self.family, kind: self.map_kind(), chain };
-                out.push(WindowDemand { id, endpoints: u32::try_from(n).unwrap_or(u32::MAX) });
+                let id = WindowId { family: self.family, kind, chain };
+                out.windows.push(WindowDemand { id, endpoints: u32::try_from(n).unwrap_or(u32::MAX) });
             }
         };
-        if self.uses_cluster_chain() {
+        let (cluster, local) = (self.uses_cluster_chain(), self.uses_local_chain());
+        if cluster {
             demand(format!("service-{}", self.base), self.cat.cluster.len());
         }
-        if self.uses_local_chain() {
+        if local {
             demand(format!("local-{}", self.base), self.cat.local.len());
         }
-        out
+        if kind == MapKind::Affinity && (cluster || local) {
+            out.affinity.push(AffinityDemand {
+                id: self.affinity_id(),
+                endpoints: self.cat.reachable.iter().map(|ep| (ep.ip, ep.port)).collect(),
+            });
+        }
+    }
+
+    fn affinity_id(&self) -> AffinityId {
+        AffinityId { family: self.family, base: self.base.clone() }
     }
 
     /// Writes the service port's objects into `table`; returns the endpoints it DNATs to.
@@ -268,19 +280,13 @@ impl<'a> PortPlan<'a> {
             }
             table.own.add_chain(ext);
         }
-        if let Some(timeout) = affinity {
-            for ep in &cat.reachable {
-                let eb = names::endpoint_base(&sp.name, ep);
-                let mut set = Set::new(format!("affinity-{eb}"), SetShape::Affinity(family), owner.clone());
+        let seated = affinity.and_then(|timeout| Some((timeout, slots.affinity(&self.affinity_id())?)));
+        if let Some((timeout, seats)) = seated.filter(|_| uses_cluster_chain || uses_local_chain) {
+            for j in 0..seats.capacity() {
+                let name = names::affinity_slot_set(base, j);
+                let mut set = Set::new(name, SetShape::Affinity(family), owner.clone());
                 set.timeout_secs = Some(timeout);
                 table.own.add_set(set);
-                let mut chain = Chain::regular(format!("endpoint-{eb}"), owner.clone());
-                chain.push(Rule::new(vec![Stmt::UpdateSet {
-                    set: format!("affinity-{eb}"),
-                    key: Selector::Saddr(family),
-                }]));
-                chain.push(Rule::new(self.dnat_to(ep)).with_comment(&*comment));
-                table.own.add_chain(chain);
             }
         }
         self.cat.reachable
@@ -345,8 +351,8 @@ impl<'a> PortPlan<'a> {
     }
 
     /// A chain balancing over `endpoints`: a plain DNAT for one, numgen over a block of the
-    /// shared DNAT map for more; with ClientIP affinity, lookups of the affinity sets first and
-    /// endpoint chains behind a block of the shared verdict map.
+    /// shared DNAT map for more; with ClientIP affinity, the port's slots (see
+    /// [`super::affinity`]).
     fn write_policy_chain(
         &self,
         table: &mut Fragment,
@@ -360,31 +366,7 @@ impl<'a> PortPlan<'a> {
         let mut chain = Chain::regular(chain_name, owner.clone());
         let n = u32::try_from(endpoints.len()).unwrap_or(u32::MAX);
         if self.sp.session_affinity_secs.is_some() {
-            let chains: Vec<String> =
-                endpoints.iter().map(|ep| format!("endpoint-{}", names::endpoint_base(&self.sp.name, ep))).collect();
-            for (ep, ep_chain) in endpoints.iter().zip(&chains) {
-                let eb = names::endpoint_base(&self.sp.name, ep);
-                chain.push(Rule::new(vec![lookup(Selector::Saddr(family), &format!("affinity-{eb}")), goto(ep_chain)]));
-            }
-            match self.window(slots, chain_name, endpoints.len()) {
-                None => chain.push(Rule::new(vec![goto(&chains[0])]).with_comment(&**comment)),
-                Some(slot) => {
-                    let map = SharedSet::EndpointMap(MapKind::Chains, slot.shard);
-                    for ((lo, hi), ep_chain) in placement::ranges(slot.offset, n).into_iter().zip(&chains) {
-                        table.add(
-                            map,
-                            vec![Value::IndexRange(lo, hi)],
-                            Element::verdict(Verdict::Goto(ep_chain.clone()), owner.clone())
-                                .with_comment(Arc::clone(comment)),
-                        );
-                    }
-                    let map = map.name().into_owned();
-                    chain.push(
-                        Rule::new(vec![Stmt::NumgenVmap { modulus: placement::WINDOW, offset: slot.offset, map }])
-                            .with_comment(&**comment),
-                    );
-                }
-            }
+            self.write_affinity_rules(table, slots, &mut chain, endpoints, owner, comment);
         } else if let Some(slot) = self.window(slots, chain_name, endpoints.len()) {
             let map = SharedSet::EndpointMap(MapKind::Targets, slot.shard);
             for ((lo, hi), ep) in placement::ranges(slot.offset, n).into_iter().zip(endpoints) {
@@ -407,5 +389,79 @@ impl<'a> PortPlan<'a> {
             chain.push(Rule::new(self.dnat_to(ep)).with_comment(&**comment));
         }
         table.own.add_chain(chain);
+    }
+
+    /// The rules of a balancing chain with ClientIP affinity, and its elements: per slot a sticky
+    /// check, per slot a record, then the choice by hash (see [`super::affinity`]). Only the
+    /// endpoints that have a slot are balanced over. Without a window or slots (only a bug gets
+    /// here) the chain gets a plain DNAT to its first endpoint.
+    fn write_affinity_rules(
+        &self,
+        table: &mut Fragment,
+        slots: &dyn SlotLookup,
+        chain: &mut Chain,
+        endpoints: &[Endpoint],
+        owner: &Owner,
+        comment: &Arc<str>,
+    ) {
+        let family = self.family;
+        let window = self.window(slots, &chain.name, endpoints.len());
+        let seats = slots.affinity(&self.affinity_id());
+        let (Some(window), Some(seats)) = (window, seats) else {
+            tracing::error!(
+                chain = chain.name,
+                "no affinity slots placed for a balancing chain; using its first endpoint"
+            );
+            if let Some(ep) = endpoints.first() {
+                chain.push(Rule::new(self.dnat_to(ep)).with_comment(&**comment));
+            }
+            return;
+        };
+        let seated: Vec<(&Endpoint, usize)> =
+            endpoints.iter().filter_map(|ep| Some((ep, seats.slot_of((ep.ip, ep.port))?))).collect();
+        let n = u32::try_from(seated.len()).unwrap_or(u32::MAX);
+        let shard = window.shard;
+        let (endpoint_map, windows_map, targets_map) = (
+            SharedSet::EndpointMap(MapKind::Affinity, shard),
+            SharedSet::SlotWindows(shard),
+            SharedSet::SlotTargets(shard),
+        );
+        let l4proto = Stmt::Cmp { sel: Selector::L4Proto, op: CmpOp::Eq, value: Value::Proto(self.sp.name.protocol) };
+        let saddr = Selector::Saddr(family);
+        let base = &self.base;
+        for j in 0..seats.capacity() {
+            let set = names::affinity_slot_set(base, j);
+            let key = AffinitySlots::target_key(window.offset, j);
+            chain.push(Rule::new(vec![
+                lookup(saddr, &set),
+                Stmt::UpdateSet { set: set.clone(), key: saddr },
+                l4proto.clone(),
+                Stmt::DnatKeyMap { family, key, map: targets_map.name().into_owned() },
+            ]));
+        }
+        for j in 0..seats.capacity() {
+            let set = names::affinity_slot_set(base, j);
+            chain.push(Rule::new(vec![
+                Stmt::HashLookup { family, hash: seats.record(window.offset, j), set: windows_map.name().into_owned() },
+                Stmt::UpdateSet { set, key: saddr },
+            ]));
+        }
+        let map = endpoint_map.name().into_owned();
+        let (proto, hash) = (self.sp.name.protocol, seats.choice(window.offset));
+        chain.push(Rule::new(vec![Stmt::DnatHashMap { family, proto, hash, map }]).with_comment(&**comment));
+        let ranges = placement::ranges_in(window.offset, n, seats.modulus());
+        for ((lo, hi), (ep, j)) in ranges.into_iter().zip(seated) {
+            let target = || vec![Value::Addr(ep.ip), Value::Port(ep.port)];
+            let element = |data: Element| data.with_comment(Arc::clone(comment));
+            table.add(endpoint_map, vec![Value::IndexRange(lo, hi)], element(Element::values(target(), owner.clone())));
+            let shift = seats.shift(j);
+            table.add(
+                windows_map,
+                vec![Value::IndexRange(lo + shift, hi + shift)],
+                element(Element::key_only(owner.clone())),
+            );
+            let key = AffinitySlots::target_key(window.offset, j);
+            table.add(targets_map, vec![Value::Index(key)], element(Element::values(target(), owner.clone())));
+        }
     }
 }

@@ -45,8 +45,9 @@ pub(crate) fn plan_after(config: &ProxyConfig, state: &ClusterState, placement: 
     let v6 = NodePorts::Addresses(vec!["fd00:192:168::2".parse().unwrap()]);
     let input = PlanInput { config, state, nodeports_v4: &v4, nodeports_v6: &v6 };
     let families = families(&input);
-    let demands = state.services().map(|svc| (svc.name.clone(), window_demands(&input, &families, svc)));
-    *placement = Placement::settle(placement.windows().collect::<Vec<_>>(), demands);
+    let demands = state.services().map(|svc| (svc.name.clone(), demands(&input, &families, svc)));
+    let prior_affinity: Vec<_> = placement.affinity_slots().collect();
+    *placement = Placement::settle(placement.windows().collect::<Vec<_>>(), prior_affinity, demands);
     plan_placed(&input, placement)
 }
 

@@ -527,7 +527,7 @@ endpoints:
     );
     let out = load(&yaml);
     assert!(out.problems.is_empty(), "{:#?}", out.problems);
-    assert!(out.rendered.contains(&format!("{ns}/{name}/sctp/{port}__fd00.ffff")), "{}", out.rendered);
+    assert!(out.rendered.contains(&format!("{ns}/{name}/sctp/{port}__2 ")), "{}", out.rendered);
     out.assert_kernel_limits();
 }
 

@@ -32,10 +32,14 @@ use crate::model::{ClusterState, NamespacedName, NodeInfo, ObjectKind, ObjectRef
 use crate::net::{FamilyMap, IpFamily};
 use crate::netlink::{ApplyStats, Netfilter, NetlinkError};
 use crate::nft::diff::{Op, OpTag, diff};
+use crate::nft::diff::{OpKind, OpSink};
 use crate::nft::lower::{lower_ruleset, lower_table};
+use crate::nft::wire::WireData;
 use crate::nft::wire::{WireRuleset, WireTable, consts};
 use crate::nodeaddr::NodePortTargets;
-use crate::plan::placement::{Placement, Slot, WindowId};
+use crate::plan::affinity::{AffinityId, AffinitySlots, SlotTarget};
+use crate::plan::objects::MapKind;
+use crate::plan::placement::{Demands, Placement, Slot, SlotFlush, WindowId};
 use crate::plan::{self, ConntrackTarget, HealthCheck, PlanInput, PlanStats, SharedSet};
 use delta::{Delta, View};
 use programmed::{Change, Fragments, Programmed, ProgrammedService};
@@ -542,11 +546,21 @@ impl Syncer {
             let before = self.kernel.generation()?;
             let kernel = self.kernel.read(&table_names(&self.config))?;
             read += reading.elapsed();
-            let prior: Vec<(WindowId, Slot)> =
-                if placed_here { self.placement.windows().collect() } else { found_windows(&kernel) };
-            let demands =
-                input.state.services().map(|svc| (svc.name.clone(), plan::window_demands(input, families, svc)));
-            let placement = Placement::settle(prior, demands);
+            let (prior, prior_affinity) = if placed_here {
+                (self.placement.windows().collect::<Vec<_>>(), self.placement.affinity_slots().collect::<Vec<_>>())
+            } else {
+                let windows = found_windows(&kernel);
+                let affinity = found_affinity(&kernel, &windows);
+                (windows, affinity)
+            };
+            let demands = input.state.services().map(|svc| (svc.name.clone(), plan::demands(input, families, svc)));
+            let mut placement = Placement::settle(prior, prior_affinity, demands);
+            // Only sets the kernel holds: a rebuild or a table created now starts them empty.
+            let flushes: Vec<SlotFlush> = placement
+                .take_flushes()
+                .into_iter()
+                .filter(|f| kernel.table(f.family).is_some_and(|t| t.sets.contains_key(&f.set)))
+                .collect();
             let infrastructure: FamilyMap<WireTable> = plan::plan_infrastructure(input, families).map(|family, t| {
                 let mut table = lower_table(t);
                 table.flags = table_flags(self.ownership, kernel.table(family));
@@ -555,12 +569,11 @@ impl Syncer {
             self.table_flags = infrastructure.map(|_, t| t.flags);
             let mut delta = Delta::full(View::from_kernel(kernel, families), infrastructure.clone(), rebuild);
             if delta.creates_tables() {
-                delta.add_up_front(
-                    placement.maps().into_iter().map(|(f, kind, n)| (f, SharedSet::EndpointMap(kind, n))),
-                );
+                delta.add_up_front(placement.maps());
             }
             let mut programmed = Programmed::new(infrastructure);
             let prepended = &self.prepended;
+            let table = self.config.table.as_str();
             let guard = before.filter(|_| stale_reads < MAX_STALE_READS);
             self.kernel.expect_generation(guard);
             let applied = self.kernel.apply_stream(&mut |sink| {
@@ -574,6 +587,7 @@ impl Syncer {
                     delta.service(sink, fragments)?;
                 }
                 delta.finish(sink);
+                push_flushes(sink, &flushes, table);
                 ControlFlow::Continue(())
             });
             let applied = match applied {
@@ -631,19 +645,20 @@ impl Syncer {
             });
             let new = match input.state.service(name) {
                 Some(svc) => {
-                    placement.update_service(name, &plan::window_demands(input, families, svc));
+                    placement.update_service(name, &plan::demands(input, families, svc));
                     let service_plan = plan::plan_service(input, families, svc, &*placement);
                     after.extend(service_plan.conntrack.iter().cloned());
                     Some((record(&service_plan, input.state, placement), service_plan.lower()))
                 }
                 None => {
-                    placement.update_service(name, &[]);
+                    placement.update_service(name, &Demands::default());
                     None
                 }
             };
             changes.push((name.clone(), old, new));
         }
         let planned = changes.len();
+        let flushes = placement.take_flushes();
         let scope = programmed.scope(changes, &mut replan);
         let mut delta = Delta::partial(scope.view, scope.kept);
         let mut wants = scope.wants.into_iter();
@@ -651,12 +666,14 @@ impl Syncer {
         // process last saw (else a full sync reads the kernel back). Owned ones cannot be.
         let guard = self.generation.filter(|_| !self.ownership);
         self.kernel.expect_generation(guard);
+        let table = self.config.table.as_str();
         let applied = self.kernel.apply_stream(&mut |sink| {
             delta.begin(sink);
             for want in wants.by_ref() {
                 delta.service(sink, want)?;
             }
             delta.finish(sink);
+            push_flushes(sink, &flushes, table);
             ControlFlow::Continue(())
         })?;
         // A partial sync replaces whole services, so nothing in its view must change in place.
@@ -708,7 +725,7 @@ fn plannable<'a>(state: &'a ClusterState, excluded: &BTreeMap<NamespacedName, St
 fn record(plan: &plan::ServicePlan, state: &ClusterState, placement: &Placement) -> ProgrammedService {
     ProgrammedService {
         state: state.snapshot(&plan.service),
-        slots: placement.slots_of(&plan.service),
+        slots: placement.placed(&plan.service),
         health_check: plan.health_check.clone(),
         conntrack: plan.conntrack.clone(),
         stats: plan.stats,
@@ -730,6 +747,18 @@ fn replan(
     plan::plan_service(&input, families, svc, &service.slots).lower()
 }
 
+/// Empties the affinity slot sets whose endpoint went (after everything else: the sets exist).
+fn push_flushes(sink: &mut dyn OpSink, flushes: &[SlotFlush], table: &str) {
+    for flush in flushes {
+        sink.push(Op {
+            family: flush.family,
+            table: table.to_string(),
+            kind: OpKind::FlushSet { set: flush.set.clone() },
+            owner: crate::nft::ast::Owner::infrastructure(),
+        });
+    }
+}
+
 /// The endpoint windows nftproxy's rules in the kernel use, so a restarted proxy keeps every
 /// service port where it is.
 fn found_windows(kernel: &WireRuleset) -> Vec<(WindowId, Slot)> {
@@ -737,7 +766,11 @@ fn found_windows(kernel: &WireRuleset) -> Vec<(WindowId, Slot)> {
     for table in &kernel.tables {
         for found in table.numgen_windows() {
             let Some(SharedSet::EndpointMap(kind, shard)) = SharedSet::from_name(&found.map) else { continue };
-            if found.modulus != plan::placement::WINDOW {
+            let expected = match kind {
+                MapKind::Targets => found.modulus == plan::placement::WINDOW,
+                MapKind::Affinity => AffinitySlots::bits_of_modulus(found.modulus).is_some(),
+            };
+            if !expected || found.offset % plan::placement::WINDOW != 0 {
                 continue;
             }
             let id = WindowId { family: table.family, kind, chain: found.chain };
@@ -745,6 +778,70 @@ fn found_windows(kernel: &WireRuleset) -> Vec<(WindowId, Slot)> {
         }
     }
     out
+}
+
+/// The affinity slots nftproxy's rules and maps in the kernel hold, so a restarted proxy keeps
+/// every endpoint in its slot (and its clients with it): the slot count from the modulus of a
+/// port's balancing rules, the bindings from the `affinity-targets-N` maps.
+fn found_affinity(kernel: &WireRuleset, windows: &[(WindowId, Slot)]) -> Vec<(AffinityId, AffinitySlots)> {
+    let mut out = Vec::new();
+    for table in &kernel.tables {
+        let mut bits: BTreeMap<String, u32> = BTreeMap::new();
+        for found in table.numgen_windows() {
+            if let Some(SharedSet::EndpointMap(MapKind::Affinity, _)) = SharedSet::from_name(&found.map)
+                && let Some(b) = AffinitySlots::bits_of_modulus(found.modulus)
+                && let Some(base) = port_base(&found.chain)
+            {
+                bits.insert(base.to_string(), b);
+            }
+        }
+        let chain_at: BTreeMap<(u32, u32), &str> = windows
+            .iter()
+            .filter(|(id, _)| id.family == table.family && id.kind == MapKind::Affinity)
+            .map(|(id, slot)| ((slot.shard, slot.offset), id.chain.as_str()))
+            .collect();
+        let mut bound: BTreeMap<String, Vec<(usize, SlotTarget)>> = BTreeMap::new();
+        for set in table.sets.values() {
+            let Some(SharedSet::SlotTargets(shard)) = SharedSet::from_name(&set.name) else { continue };
+            for (key, element) in set.elements.iter() {
+                let Ok(key) = <[u8; 4]>::try_from(key.bytes.as_slice()).map(u32::from_ne_bytes) else { continue };
+                let (window, j) = AffinitySlots::slot_of_key(key);
+                let Some(base) = chain_at.get(&(shard, window)).and_then(|c| port_base(c)) else { continue };
+                let WireData::Bytes(data) = &element.data else { continue };
+                if let Some(target) = target_of(table.family, data) {
+                    bound.entry(base.to_string()).or_default().push((j, target));
+                }
+            }
+        }
+        for (base, b) in bits {
+            let bindings = bound.remove(&base).unwrap_or_default();
+            if let Some(slots) = AffinitySlots::found(b, bindings) {
+                out.push((AffinityId { family: table.family, base }, slots));
+            }
+        }
+    }
+    out
+}
+
+/// The service port a balancing chain belongs to: its name without `service-` or `local-`.
+fn port_base(chain: &str) -> Option<&str> {
+    chain.strip_prefix("service-").or_else(|| chain.strip_prefix("local-"))
+}
+
+/// An endpoint as a map's data holds it: the address, then the port in a 32-bit word.
+fn target_of(family: IpFamily, data: &[u8]) -> Option<SlotTarget> {
+    let (addr, rest) = match family {
+        IpFamily::V4 => {
+            let (a, rest) = data.split_first_chunk::<4>()?;
+            (std::net::IpAddr::from(*a), rest)
+        }
+        IpFamily::V6 => {
+            let (a, rest) = data.split_first_chunk::<16>()?;
+            (std::net::IpAddr::from(*a), rest)
+        }
+    };
+    let (port, _) = rest.split_first_chunk::<2>()?;
+    Some((addr, u16::from_be_bytes(*port)))
 }
 
 #[cfg(test)]

@@ -21,7 +21,7 @@ use crate::model::{NamespacedName, ServiceSnapshot};
 use crate::net::{FamilyMap, IpFamily};
 use crate::nft::ast::Owner;
 use crate::nft::wire::{WireData, WireElement, WireKey, WireSet, WireTable};
-use crate::plan::placement::{Slot, WindowId};
+use crate::plan::placement::Placed;
 use crate::plan::{ConntrackTarget, HealthCheck, PlanStats, SharedSet, WireFragment};
 
 /// One service as programmed.
@@ -29,8 +29,8 @@ use crate::plan::{ConntrackTarget, HealthCheck, PlanStats, SharedSet, WireFragme
 pub(super) struct ProgrammedService {
     /// The service, its slices and the node, as they were planned.
     pub state: ServiceSnapshot,
-    /// Where its endpoint windows were.
-    pub slots: Vec<(WindowId, Slot)>,
+    /// Where its endpoint windows were, and its affinity slots.
+    pub slots: Placed,
     pub health_check: Option<HealthCheck>,
     pub conntrack: Vec<ConntrackTarget>,
     pub stats: PlanStats,

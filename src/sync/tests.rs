@@ -4,7 +4,7 @@
 use super::*;
 use crate::index::{Change, ClusterIndex, Update};
 use crate::netlink::{FakeNetfilter, SharedFake};
-use crate::nft::ast::{Chain, Owner, Rule, Ruleset, Stmt, Table};
+use crate::nft::ast::{Chain, Element, Owner, Rule, Ruleset, Set, SetShape, Stmt, Table, Value};
 use crate::plan::NodePorts;
 use crate::plan::objects::{BalanceMap, MapKind};
 use crate::plan::tests::{config, state};
@@ -54,11 +54,11 @@ fn a_partial_sync_creates_an_endpoint_map_before_the_rule_that_names_it() {
     let ips: Vec<&str> = ips.iter().map(String::as_str).collect();
     let (preset, beyond) = (&ips[..ips.len() - 1], &ips[..]);
     let first_beyond = format!("service-endpoints-{}", BalanceMap::PRESET + 1);
-    // A balanced port past the preset counts, then one with session affinity (which balances
-    // over a window of a shared map of endpoint chains).
+    // A balanced port past the preset counts, then one with session affinity getting its first
+    // endpoint (which balances over a window of a shared map, beside its slot maps).
     for (extra, before, after, map) in [
         ("", preset, beyond, first_beyond.as_str()),
-        (", sessionAffinity: ClientIP", &ips[..1], &ips[..2], "endpoint-chains-0"),
+        (", sessionAffinity: ClientIP", &ips[..0], &ips[..1], "affinity-endpoints-0"),
     ] {
         let mut index = ClusterIndex::new();
         let mut syncer = Syncer::new(config(), Box::new(FakeNetfilter::new()), fixed_nodeports());
@@ -85,14 +85,32 @@ fn windows_found_in_the_kernel_are_read_from_its_balancing_rules() {
     for (chain, map, offset, modulus) in [
         ("a", "endpoints-0", 3 * window, window),
         ("c", "endpoints-3", 0, window),
-        ("chains", "endpoint-chains-1", window, window),
+        ("service-X", "affinity-endpoints-1", window, window >> 4),
+        ("local-X", "affinity-endpoints-1", 2 * window, window >> 4),
         ("old", "endpoints-0", 5 * window, 7),
+        ("odd-affinity", "affinity-endpoints-1", 4 * window, 1000),
         ("foreign", "other-map", 0, window),
     ] {
         let mut c = Chain::regular(chain, Owner::infrastructure());
-        c.push(Rule::new(vec![Stmt::DnatNumgenMap { family: IpFamily::V4, modulus, offset, map: map.to_string() }]));
+        let (family, map) = (IpFamily::V4, map.to_string());
+        c.push(Rule::new(vec![if map.starts_with("affinity") {
+            let hash = crate::nft::ast::Jhash { modulus, seed: 1, offset };
+            Stmt::DnatHashMap { family, proto: crate::net::L4Proto::Tcp, hash, map }
+        } else {
+            Stmt::DnatNumgenMap { family, modulus, offset, map }
+        }]));
         table.add_chain(c);
     }
+    // Slot 2 of service-X bound to 10.0.0.2:80; slot 0 of local-X to 10.0.0.7:80; a key in no
+    // window of ours.
+    let mut targets = Set::new("affinity-targets-1", SetShape::SlotTargets(IpFamily::V4), Owner::infrastructure());
+    let ep = |last: u8| {
+        Element::values(vec![Value::Addr([10, 0, 0, last].into()), Value::Port(80)], Owner::infrastructure())
+    };
+    targets.insert(vec![Value::Index(window + 2)], ep(2));
+    targets.insert(vec![Value::Index(2 * window)], ep(7));
+    targets.insert(vec![Value::Index(9 * window)], ep(9));
+    table.add_set(targets);
     let kernel = lower_ruleset(&Ruleset { tables: vec![table] });
     let found = found_windows(&kernel);
     let id = |chain: &str, kind| WindowId { family: IpFamily::V4, kind, chain: chain.to_string() };
@@ -101,9 +119,18 @@ fn windows_found_in_the_kernel_are_read_from_its_balancing_rules() {
         vec![
             (id("a", MapKind::Targets), Slot { shard: 0, offset: 3 * window }),
             (id("c", MapKind::Targets), Slot { shard: 3, offset: 0 }),
-            (id("chains", MapKind::Chains), Slot { shard: 1, offset: window }),
+            (id("service-X", MapKind::Affinity), Slot { shard: 1, offset: window }),
+            (id("local-X", MapKind::Affinity), Slot { shard: 1, offset: 2 * window }),
         ]
     );
+    let affinity = found_affinity(&kernel, &found);
+    assert_eq!(affinity.len(), 1);
+    let (port, slots) = &affinity[0];
+    assert_eq!(port.base, "X");
+    assert_eq!(slots.capacity(), 15);
+    assert_eq!(slots.slot_of(([10, 0, 0, 2].into(), 80)), Some(2));
+    assert_eq!(slots.slot_of(([10, 0, 0, 7].into(), 80)), Some(0));
+    assert_eq!(slots.slot_of(([10, 0, 0, 9].into(), 80)), None);
 }
 
 fn shared_syncer(owned: bool) -> (SharedFake, Syncer) {

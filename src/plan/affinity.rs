@@ -1,0 +1,227 @@
+//! Session affinity as data: each service port with ClientIP affinity has a fixed number of
+//! **slots**, and endpoints are bound to slots by map elements, so that an endpoint coming or
+//! going changes elements only (no rule, no chain, no `goto`: nothing that makes the kernel
+//! validate the table).
+//!
+//! Slot `j` of a port is a dynamic set `affinity-…__slot<j>` of client addresses (upstream keeps
+//! one such set per endpoint). A balancing chain over the port's endpoints, with its window at
+//! offset `W` of an `affinity-endpoints-N` map, holds:
+//! - per slot, the sticky check: `ip saddr @slot update @slot { ip saddr } dnat to numgen inc
+//!   mod 1 offset W+j map @affinity-targets-N` (`numgen inc mod 1` is always 0, so the key is
+//!   the slot's constant; the map holds the endpoint bound to it, and no element means no match);
+//! - per slot, the record: `jhash ip saddr . th sport mod M … offset W+M(j+1)
+//!   @affinity-windows-N update @slot { ip saddr }`: the map holds, at the slot's own offset,
+//!   the hash range its endpoint gets below;
+//! - the choice: `dnat to jhash ip saddr . th sport mod M … offset W map @affinity-endpoints-N`,
+//!   one hash range per endpoint.
+//!
+//! The record and the choice hash the same fields with the same seed, so a new client is
+//! recorded in the slot of the endpoint it is sent to. A port has `2^k - 1` slots and `M =
+//! 2^20 / 2^k`: its window holds the choice's range and one range per slot. Slots grow (by
+//! doubling) when the endpoints outgrow them, and shrink when four times fewer would do; both
+//! change rules, which is rare. An endpoint keeps its slot while it stays; a slot whose endpoint
+//! goes is flushed (upstream deletes the endpoint's set), in the same transaction.
+
+use std::net::IpAddr;
+
+use crate::net::IpFamily;
+use crate::nft::ast::Jhash;
+
+use super::placement::WINDOW;
+
+/// The `jhash` seed of every affinity rule ("nftp"): any constant does, as long as the record
+/// and the choice use the same one.
+pub(crate) const SEED: u32 = 0x6e66_7470;
+/// Fewest slot bits: 3 slots.
+const MIN_BITS: u32 = 2;
+/// Most slot bits: 1023 slots, each endpoint's range at least 1024 numbers wide.
+const MAX_BITS: u32 = 10;
+
+/// An endpoint as a slot is bound to it.
+pub(crate) type SlotTarget = (IpAddr, u16);
+
+/// A service port in one family, as its affinity slots are keyed: the base of its object names.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub(crate) struct AffinityId {
+    pub family: IpFamily,
+    pub base: String,
+}
+
+/// What a service port with affinity asks for: its endpoints, in planning order.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct AffinityDemand {
+    pub id: AffinityId,
+    pub endpoints: Vec<SlotTarget>,
+}
+
+/// A port's slots and the endpoint bound to each.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct AffinitySlots {
+    bits: u32,
+    bound: Vec<Option<SlotTarget>>,
+}
+
+impl AffinitySlots {
+    /// Slots for `endpoints`: those bound in `prior` keep their slot, the others take the
+    /// lowest free ones. Endpoints beyond the largest capacity get none.
+    pub(crate) fn seat(prior: Option<&AffinitySlots>, endpoints: &[SlotTarget]) -> AffinitySlots {
+        let fit = bits_for(endpoints.len());
+        let bits = match prior {
+            Some(p) if p.bits >= fit && p.bits < fit + 2 => p.bits,
+            _ => fit,
+        };
+        let mut bound: Vec<Option<SlotTarget>> = vec![None; capacity(bits)];
+        let mut unseated = Vec::new();
+        for ep in endpoints {
+            let kept = prior.and_then(|p| p.slot_of(*ep)).filter(|j| *j < bound.len() && bound[*j].is_none());
+            match kept {
+                Some(j) => bound[j] = Some(*ep),
+                None => unseated.push(*ep),
+            }
+        }
+        let mut free = (0..bound.len()).filter(|j| bound[*j].is_none()).collect::<Vec<_>>().into_iter();
+        for ep in unseated {
+            if bound.contains(&Some(ep)) {
+                continue;
+            }
+            let Some(j) = free.next() else { break };
+            bound[j] = Some(ep);
+        }
+        AffinitySlots { bits, bound }
+    }
+
+    /// Slots as found in the kernel: `bits` from the rules, bindings from the targets map.
+    pub(crate) fn found(bits: u32, bindings: impl IntoIterator<Item = (usize, SlotTarget)>) -> Option<AffinitySlots> {
+        if !(MIN_BITS..=MAX_BITS).contains(&bits) {
+            return None;
+        }
+        let mut bound = vec![None; capacity(bits)];
+        for (j, ep) in bindings {
+            *bound.get_mut(j)? = Some(ep);
+        }
+        Some(AffinitySlots { bits, bound })
+    }
+
+    /// How many slots the port has.
+    pub(crate) fn capacity(&self) -> usize {
+        self.bound.len()
+    }
+
+    /// The slot `endpoint` is bound to.
+    pub(crate) fn slot_of(&self, endpoint: SlotTarget) -> Option<usize> {
+        self.bound.iter().position(|b| *b == Some(endpoint))
+    }
+
+    /// The slots whose sets must be flushed going from `self` to `new`: those that exist in
+    /// both and were bound to an endpoint they are no longer bound to.
+    pub(crate) fn flushed_by(&self, new: &AffinitySlots) -> Vec<usize> {
+        let both = self.capacity().min(new.capacity());
+        (0..both).filter(|j| self.bound[*j].is_some() && self.bound[*j] != new.bound[*j]).collect()
+    }
+
+    /// The range of the hash every rule of a chain with its window at `offset` draws from.
+    pub(crate) fn modulus(&self) -> u32 {
+        WINDOW >> self.bits
+    }
+
+    /// The choice of a chain with its window at `window`.
+    pub(crate) fn choice(&self, window: u32) -> Jhash {
+        Jhash { modulus: self.modulus(), seed: SEED, offset: window }
+    }
+
+    /// Slot `j`'s record in a chain with its window at `window`: the same hash, moved to the
+    /// slot's own part of the window.
+    pub(crate) fn record(&self, window: u32, j: usize) -> Jhash {
+        Jhash { modulus: self.modulus(), seed: SEED, offset: window + self.shift(j) }
+    }
+
+    /// How far slot `j`'s hash ranges sit above the choice's.
+    pub(crate) fn shift(&self, j: usize) -> u32 {
+        self.modulus() * (u32::try_from(j).unwrap_or(0) + 1)
+    }
+
+    /// Slot `j`'s key in the targets map, for a chain with its window at `window`.
+    pub(crate) fn target_key(window: u32, j: usize) -> u32 {
+        window + u32::try_from(j).unwrap_or(0)
+    }
+
+    /// The slot a targets key belongs to, with its window's offset.
+    pub(crate) fn slot_of_key(key: u32) -> (u32, usize) {
+        let window = key - key % WINDOW;
+        (window, (key - window) as usize)
+    }
+
+    /// `k` from the modulus of a chain's rules.
+    pub(crate) fn bits_of_modulus(modulus: u32) -> Option<u32> {
+        (modulus.is_power_of_two() && modulus < WINDOW).then(|| (WINDOW / modulus).trailing_zeros())
+    }
+}
+
+fn capacity(bits: u32) -> usize {
+    (1usize << bits) - 1
+}
+
+/// The fewest bits whose slots hold `n` endpoints (at most [`MAX_BITS`]).
+fn bits_for(n: usize) -> u32 {
+    (MIN_BITS..=MAX_BITS).find(|b| capacity(*b) >= n).unwrap_or(MAX_BITS)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ep(i: u8) -> SlotTarget {
+        (IpAddr::from([10, 0, 0, i]), 80)
+    }
+
+    #[test]
+    fn endpoints_keep_their_slots_and_new_ones_take_free_slots() {
+        let a = AffinitySlots::seat(None, &[ep(1), ep(2)]);
+        assert_eq!(a.capacity(), 3);
+        assert_eq!((a.slot_of(ep(1)), a.slot_of(ep(2))), (Some(0), Some(1)));
+        let b = AffinitySlots::seat(Some(&a), &[ep(2), ep(3)]);
+        assert_eq!((b.slot_of(ep(2)), b.slot_of(ep(3)), b.slot_of(ep(1))), (Some(1), Some(0), None));
+        assert_eq!(a.flushed_by(&b), vec![0], "slot 0 changed endpoint");
+        let c = AffinitySlots::seat(Some(&b), &[ep(2)]);
+        assert_eq!(b.flushed_by(&c), vec![0]);
+        assert!(c.flushed_by(&AffinitySlots::seat(Some(&c), &[ep(2), ep(4)])).is_empty(), "binding a free slot");
+    }
+
+    #[test]
+    fn slots_double_when_outgrown_and_shrink_only_when_four_times_fewer_do() {
+        let eps: Vec<SlotTarget> = (1..=20).map(ep).collect();
+        let a = AffinitySlots::seat(None, &eps[..3]);
+        let b = AffinitySlots::seat(Some(&a), &eps[..4]);
+        assert_eq!((a.capacity(), b.capacity()), (3, 7));
+        assert_eq!(b.slot_of(ep(1)), Some(0), "growing keeps the bindings");
+        assert!(a.flushed_by(&b).is_empty());
+        let c = AffinitySlots::seat(Some(&b), &eps[..2]);
+        assert_eq!(c.capacity(), 7, "twice fewer: no change of rules");
+        let big = AffinitySlots::seat(None, &eps[..20]);
+        assert_eq!(big.capacity(), 31);
+        let small = AffinitySlots::seat(Some(&big), &eps[18..]);
+        assert_eq!(small.capacity(), 3);
+        assert_eq!(small.slot_of(ep(19)), Some(0), "moved below the new capacity");
+    }
+
+    #[test]
+    fn a_window_holds_the_choice_and_every_slot() {
+        let s = AffinitySlots::seat(None, &(1..=10).map(ep).collect::<Vec<_>>());
+        assert_eq!((s.capacity(), s.modulus()), (15, 1 << 16));
+        let last = s.record(5 * WINDOW, s.capacity() - 1);
+        assert_eq!(last.offset + last.modulus, 6 * WINDOW, "the last slot ends where the window does");
+        assert_eq!(AffinitySlots::slot_of_key(AffinitySlots::target_key(5 * WINDOW, 14)), (5 * WINDOW, 14));
+        assert_eq!(AffinitySlots::bits_of_modulus(s.modulus()), Some(4));
+        assert_eq!(AffinitySlots::bits_of_modulus(WINDOW), None);
+    }
+
+    #[test]
+    fn endpoints_past_the_largest_capacity_get_no_slot() {
+        let eps: Vec<SlotTarget> =
+            (0..1100u32).map(|i| (IpAddr::from(std::net::Ipv4Addr::from((10u32 << 24) + i)), 80)).collect();
+        let s = AffinitySlots::seat(None, &eps);
+        assert_eq!(s.capacity(), 1023);
+        assert_eq!(s.slot_of(eps[1022]), Some(1022));
+        assert_eq!(s.slot_of(eps[1023]), None);
+    }
+}
