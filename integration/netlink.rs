@@ -93,7 +93,7 @@ fn every_shape(family: IpFamily) -> Table {
     targets
         .insert(vec![Value::Index(2_097_154)], Element::values(vec![Value::Addr(ep2), Value::Port(53)], own.clone()));
     t.add_set(targets);
-    let mut aff = Set::new("affinity-1", SetShape::Affinity(family), own.clone());
+    let mut aff = Set::new("affinity-1", SetShape::AffinityClients(family), own.clone());
     aff.timeout_secs = Some(10800);
     t.add_set(aff);
 
@@ -185,17 +185,17 @@ fn every_shape(family: IpFamily) -> Table {
     );
     t.add_chain(a);
     let mut b = Chain::regular("service-B", own.clone());
-    let saddr = Selector::Saddr(family);
     let hash = |offset| Jhash { modulus: 32_768, seed: 0x6e66_7470, offset };
     b.push(Rule::new(vec![
-        Stmt::Lookup { key: vec![saddr], set: "affinity-1".into(), negate: false },
-        Stmt::UpdateSet { set: "affinity-1".into(), key: saddr },
+        Stmt::SlotLookup { family, slot: 0, set: "affinity-1".into() },
+        Stmt::KeyLookup { key: 2_097_152, set: "affinity-targets-0".into() },
+        Stmt::UpdateSlot { family, slot: 0, set: "affinity-1".into() },
         Stmt::Cmp { sel: Selector::L4Proto, op: CmpOp::Eq, value: Value::Proto(L4Proto::Udp) },
         Stmt::DnatKeyMap { family, key: 2_097_152, map: "affinity-targets-0".into() },
     ]));
     b.push(Rule::new(vec![
         Stmt::HashLookup { family, hash: hash(2_129_920), set: "affinity-windows-0".into() },
-        Stmt::UpdateSet { set: "affinity-1".into(), key: saddr },
+        Stmt::UpdateSlot { family, slot: 1, set: "affinity-1".into() },
     ]));
     b.push(
         Rule::new(vec![Stmt::DnatHashMap {
@@ -208,7 +208,10 @@ fn every_shape(family: IpFamily) -> Table {
     );
     t.add_chain(b);
     let mut e1 = Chain::regular("endpoint-1", own.clone());
-    e1.push(Rule::new(vec![Stmt::UpdateSet { set: "affinity-1".into(), key: Selector::Saddr(family) }]));
+    e1.push(Rule::new(vec![
+        Stmt::Lookup { key: vec![Selector::Saddr(family)], set: "cluster-ips".into(), negate: true },
+        Stmt::Verdict(Verdict::Return),
+    ]));
     e1.push(Rule::new(vec![
         Stmt::Cmp { sel: Selector::L4Proto, op: CmpOp::Eq, value: Value::Proto(L4Proto::Udp) },
         Stmt::Dnat { addr: ep1, port: 53 },
@@ -363,22 +366,16 @@ fn one_endpoint_change_sends_only_what_changed() {
     assert_eq!(canonicalize(&plain), canonicalize(&planned));
 }
 
-/// The slot set (`affinity-…__j`) bound to `endpoint` in a listing: the key of its element in
-/// `affinity-targets-0` is slot j of a window at offset 0.
-fn slot_set_of(listing: &str, endpoint: &str) -> String {
+/// The affinity slot `endpoint` is bound to in a listing: the key of its element in
+/// `affinity-targets-0` (slot j of a window at offset 0).
+fn slot_of(listing: &str, endpoint: &str) -> String {
     let targets = listing.split("map affinity-targets-0 {").nth(1).expect("targets map");
     let element = targets.split(['{', ',']).find(|e| e.contains(&format!(": {endpoint} . 8080"))).expect("bound");
-    let j = element.split_whitespace().next().unwrap();
-    let set = listing
-        .lines()
-        .map(str::trim)
-        .find_map(|l| l.strip_prefix("set affinity-")?.split_once(" {").filter(|(n, _)| n.ends_with(&format!("__{j}"))))
-        .expect("slot set");
-    format!("affinity-{}", set.0)
+    element.split_whitespace().next().unwrap().to_string()
 }
 
 #[test]
-fn an_affinity_endpoint_change_is_elements_and_a_flush_of_its_slot() {
+fn an_affinity_endpoint_change_is_elements_and_forgets_its_slots_clients() {
     if skip_unless_privileged() {
         return;
     }
@@ -401,29 +398,28 @@ fn an_affinity_endpoint_change_is_elements_and_a_flush_of_its_slot() {
     ns.run(|| one_shot(&yaml)).unwrap();
     let list = || String::from_utf8(ns.exec("nft", &["-a", "list", "ruleset"]).unwrap().stdout).unwrap();
     let before = list();
-    let (going, staying) = (slot_set_of(&before, "10.244.2.10"), slot_set_of(&before, "10.244.1.10"));
+    let set = before
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("set affinity-")?.split_once(' ').filter(|(n, _)| n.contains('/')))
+        .map(|(n, _)| format!("affinity-{n}"))
+        .expect("the port's client set");
+    let (going, staying) = (slot_of(&before, "10.244.2.10"), slot_of(&before, "10.244.1.10"));
     // Clients the kernel recorded for the endpoint that goes, and for one that stays.
-    for (set, client) in [(&going, "192.0.2.1"), (&staying, "192.0.2.2")] {
-        let element = format!("{{ {client} }}");
-        let out = ns.exec("nft", &["add", "element", "ip", "nftproxy", set, &element]).unwrap();
-        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    }
+    let (gone_client, kept_client) = (format!("192.0.2.1 . {going}"), format!("192.0.2.2 . {staying}"));
+    let elements = format!("{{ {gone_client}, {kept_client} }}");
+    let out = ns.exec("nft", &["add", "element", "ip", "nftproxy", &set, &elements]).unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
 
     let (transaction, planned) = ns.run(|| one_shot(&changed)).unwrap();
     let ops = transaction.summary();
-    assert!(
-        ops.iter()
-            .all(|op| op.starts_with("add element") || op.starts_with("delete element") || op.starts_with("flush set")),
-        "elements only: {ops:#?}"
-    );
+    assert!(ops.iter().all(|op| op.contains(" element ")), "elements only: {ops:#?}");
     assert!(ops.iter().any(|op| op.starts_with("add element ip nftproxy affinity-targets-0")), "{ops:#?}");
-    assert_eq!(ops.iter().filter(|op| op.starts_with("flush set")).count(), 1, "{ops:#?}");
+    assert!(ops.contains(&format!("destroy element ip nftproxy {set} (1 elements)")), "{ops:#?}");
     let after = list();
-    assert_eq!(slot_set_of(&after, "10.244.2.11"), going, "the new endpoint takes the freed slot");
-    let members =
-        |set: &str| String::from_utf8(ns.exec("nft", &["list", "set", "ip", "nftproxy", set]).unwrap().stdout).unwrap();
-    assert!(!members(&going).contains("192.0.2.1"), "{}", members(&going));
-    assert!(members(&staying).contains("192.0.2.2"), "{}", members(&staying));
+    assert_eq!(slot_of(&after, "10.244.2.11"), going, "the new endpoint takes the freed slot");
+    let members = String::from_utf8(ns.exec("nft", &["list", "set", "ip", "nftproxy", &set]).unwrap().stdout).unwrap();
+    assert!(!members.contains(&gone_client), "{members}");
+    assert!(members.contains(&kept_client), "{members}");
     // The service port's chain: its name ends with the port, and `-a` adds `{ # handle N`.
     let port_chain = before
         .lines()
@@ -436,7 +432,8 @@ fn an_affinity_endpoint_change_is_elements_and_a_flush_of_its_slot() {
         assert_eq!(handles(&before, chain), handles(&after, chain), "rules of {chain} untouched");
     }
     // Without the client the kernel recorded, the ruleset is exactly as planned.
-    let out = ns.exec("nft", &["delete", "element", "ip", "nftproxy", &staying, "{ 192.0.2.2 }"]).unwrap();
+    let kept = format!("{{ {kept_client} }}");
+    let out = ns.exec("nft", &["delete", "element", "ip", "nftproxy", &set, &kept]).unwrap();
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     assert_eq!(canonicalize(&ruleset_of(&ns)), canonicalize(&planned));
 }

@@ -175,7 +175,10 @@ fn a_burst_of_changes_is_one_transaction_touching_only_them() {
     for op in &applied.ops {
         // New endpoints, with affinity too: elements (affinity slots are bound by data).
         assert!(
-            matches!(op.kind, OpKind::AddElements { .. } | OpKind::DeleteElements { .. } | OpKind::FlushSet { .. }),
+            matches!(
+                op.kind,
+                OpKind::AddElements { .. } | OpKind::DeleteElements { .. } | OpKind::ForgetElements { .. }
+            ),
             "{op}"
         );
         for owner in op.owners() {

@@ -307,7 +307,7 @@ pub(crate) fn to_text(e: &Explanation) -> String {
     if !updates.is_empty() {
         let _ = writeln!(
             out,
-            "affinity: the chosen endpoint's affinity set (updated as in the path) then sends this source's next connections to it"
+            "affinity: the source is recorded in the chosen endpoint's slot of the port's affinity set (updated as in the path), which then sends its next connections there"
         );
     }
     for n in notes(e) {

@@ -12,7 +12,7 @@ use super::socket::{NLM_F_DUMP, Socket};
 use super::sys::{self as raw, Body, msg};
 use crate::net::IpFamily;
 use crate::nft::lower::nfproto;
-use crate::nft::wire::udata;
+use crate::nft::wire::{WireKey, udata};
 
 /// One counted element as the kernel holds it now.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -74,4 +74,33 @@ pub(super) fn read_counted(
         }
     }
     Ok(())
+}
+
+/// The keys of one set's elements; none when the set does not exist.
+pub(super) fn read_keys(
+    sock: &mut Socket,
+    family: IpFamily,
+    table: &str,
+    set: &str,
+) -> Result<Vec<WireKey>, NetlinkError> {
+    let fam = u16::try_from(nfproto(family)).unwrap_or(2);
+    let mut filter = raw::Set::new()?;
+    filter.set_str(a(sys::NFTNL_SET_TABLE), table)?;
+    filter.set_str(a(sys::NFTNL_SET_NAME), set)?;
+    filter.set_u32(a(sys::NFTNL_SET_FAMILY), u32::from(fam));
+    let mut out = Vec::new();
+    let dumped = sock.query(msg::GETSETELEM, fam, NLM_F_DUMP, Body::SetElements(&filter), |msg| {
+        let Some(s) = msg.set_elements() else { return Ok(()) };
+        s.for_each_elem(|e| {
+            if let Some(key) = e.data(a(sys::NFTNL_SET_ELEM_KEY)) {
+                out.push(WireKey::new(&key));
+            }
+        });
+        Ok(())
+    });
+    match dumped {
+        Ok(()) => Ok(out),
+        Err(NetlinkError::Dump(e)) if e.raw_os_error() == Some(libc::ENOENT) => Ok(Vec::new()),
+        Err(e) => Err(e),
+    }
 }

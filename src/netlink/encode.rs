@@ -257,9 +257,18 @@ impl BatchWriter {
                     push(msg::NEWSETELEM, NLM_F_CREATE, Object::SetElements(s), Some(owners));
                 }
             }
-            OpKind::FlushSet { set } => {
-                // A DELSETELEM without elements flushes the set (`nft flush set`).
-                push(msg::DELSETELEM, 0, Object::SetElements(set_obj(table, family, set)?), None);
+            OpKind::ForgetElements { set, keys } => {
+                // DESTROYSETELEM (Linux 6.3) deletes what is there and ignores what is not; before
+                // it, an element that expired in the meantime fails the batch (and a full sync
+                // follows).
+                let kind = if destroy_supported() { msg::DESTROYSETELEM } else { msg::DELSETELEM };
+                for chunk in chunk_by_size(keys, |k| 32 + k.bytes.len()) {
+                    let mut s = set_obj(table, family, set)?;
+                    for key in chunk {
+                        s.add_elem(encode_element(key, None)?);
+                    }
+                    push(kind, 0, Object::SetElements(s), None);
+                }
             }
             OpKind::DeleteElements { set, keys } => {
                 for chunk in chunk_by_size(keys, |(k, _)| 32 + k.bytes.len()) {
@@ -507,4 +516,15 @@ pub(super) fn encode_expr(expr: &LowExpr, set_id: impl Fn(&str) -> Option<u32>) 
         LowExpr::Foreign(name) => return Err(NetlinkError::ForeignExpression(name.clone())),
     };
     Ok(e)
+}
+
+/// Whether the running kernel has `NFT_MSG_DESTROYSETELEM` (Linux 6.3 and later).
+fn destroy_supported() -> bool {
+    static SUPPORTED: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *SUPPORTED.get_or_init(|| {
+        let release = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
+        let mut parts = release.trim().split(['.', '-']).map(|p| p.parse::<u32>().unwrap_or(0));
+        let (major, minor) = (parts.next().unwrap_or(0), parts.next().unwrap_or(0));
+        (major, minor) >= (6, 3)
+    })
 }

@@ -70,6 +70,10 @@ impl Netfilter for SharedFake {
         self.lock().apply(tx)
     }
 
+    fn set_keys(&mut self, family: IpFamily, table: &str, set: &str) -> Result<Vec<WireKey>, NetlinkError> {
+        self.lock().set_keys(family, table, set)
+    }
+
     fn read(&mut self, tables: &[(IpFamily, &str)]) -> Result<WireRuleset, NetlinkError> {
         self.lock().read(tables)
     }
@@ -136,6 +140,11 @@ impl Netfilter for FakeNetfilter {
         }
         self.applied.push(tx.clone());
         Ok(ApplyStats { operations: tx.ops.len(), messages: tx.ops.len(), ..ApplyStats::default() })
+    }
+
+    fn set_keys(&mut self, family: IpFamily, table: &str, set: &str) -> Result<Vec<WireKey>, NetlinkError> {
+        let table = self.state.tables.iter().find(|t| t.family == family && t.name == table);
+        Ok(table.and_then(|t| t.sets.get(set)).map(|s| s.elements.keys().cloned().collect()).unwrap_or_default())
     }
 
     fn read(&mut self, tables: &[(IpFamily, &str)]) -> Result<WireRuleset, NetlinkError> {
@@ -323,9 +332,11 @@ fn apply_op(state: &mut WireRuleset, op: &crate::nft::diff::Op) -> Result<(), i3
                 }
             }
         }
-        OpKind::FlushSet { set } => {
+        OpKind::ForgetElements { set, keys } => {
             let s = table_mut(state, op)?.sets.get_mut(set).ok_or(libc::ENOENT)?;
-            s.elements = Default::default();
+            for k in keys {
+                s.elements.remove(k);
+            }
         }
         OpKind::DeleteElements { set, keys } => {
             let s = table_mut(state, op)?.sets.get_mut(set).ok_or(libc::ENOENT)?;

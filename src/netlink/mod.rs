@@ -26,7 +26,7 @@ use thiserror::Error;
 use crate::net::IpFamily;
 use crate::nft::ast::Owner;
 use crate::nft::diff::{OpSink, OpTag, Transaction};
-use crate::nft::wire::WireRuleset;
+use crate::nft::wire::{WireKey, WireRuleset};
 
 pub(crate) use counters::CountedElement;
 pub use fake::{FakeNetfilter, SharedFake};
@@ -147,6 +147,10 @@ pub trait Netfilter {
 
     /// Reads the named tables (those that exist).
     fn read(&mut self, tables: &[(IpFamily, &str)]) -> Result<WireRuleset, NetlinkError>;
+
+    /// The keys of one set's elements (none when the set does not exist): the clients the
+    /// kernel recorded in an affinity set.
+    fn set_keys(&mut self, family: IpFamily, table: &str, set: &str) -> Result<Vec<WireKey>, NetlinkError>;
 
     /// The ruleset generation: the kernel increments it with every transaction committed in
     /// this network namespace, any table's. `None` when this handle cannot tell.
@@ -327,6 +331,10 @@ impl Netfilter for Kernel {
             }
         }
         Ok(out)
+    }
+
+    fn set_keys(&mut self, family: IpFamily, table: &str, set: &str) -> Result<Vec<WireKey>, NetlinkError> {
+        counters::read_keys(&mut self.socket, family, table, set)
     }
 
     fn generation(&mut self) -> Result<Option<u32>, NetlinkError> {

@@ -27,6 +27,8 @@ pub(super) mod msg {
     pub(crate) const NEWSETELEM: u16 = 12;
     pub(crate) const GETSETELEM: u16 = 13;
     pub(crate) const DELSETELEM: u16 = 14;
+    /// Deletes elements, ignoring those that do not exist (Linux 6.3).
+    pub(crate) const DESTROYSETELEM: u16 = 30;
     /// A trace event, multicast to `NFNLGRP_NFTRACE` (never requested).
     pub(crate) const TRACE: u16 = 17;
 }

@@ -358,8 +358,14 @@ pub enum Stmt {
     MarkOr(u32),
     /// `meta mark set meta mark ^ 0x00004000`
     MarkXor(u32),
-    /// `update @set { ip saddr }`
-    UpdateSet { set: String, key: Selector },
+    /// `ip saddr . numgen inc mod 1 offset J @set`: the client is recorded in affinity slot J
+    /// (`numgen inc mod 1` is always 0, so the second field is the constant J).
+    SlotLookup { family: IpFamily, slot: u32, set: String },
+    /// `update @set { ip saddr . numgen inc mod 1 offset J }`: records the client in slot J, or
+    /// refreshes its timeout.
+    UpdateSlot { family: IpFamily, slot: u32, set: String },
+    /// `numgen inc mod 1 offset K @map`: the map has the key K (an affinity slot is bound).
+    KeyLookup { key: u32, set: String },
     /// `masquerade fully-random`
     Masquerade { fully_random: bool },
     /// `reject`: ICMP(v6) port unreachable for the table's family; a TCP client sees
@@ -425,8 +431,9 @@ pub enum SetShape {
     /// `typeof numgen inc mod 1 : ip daddr . th dport` (the endpoint an affinity slot is bound
     /// to, under the slot's constant key)
     SlotTargets(IpFamily),
-    /// `type ipv4_addr; flags dynamic,timeout; timeout Ns` (session affinity)
-    Affinity(IpFamily),
+    /// `typeof ip saddr . numgen inc mod 1; flags dynamic,timeout; timeout Ns` (session
+    /// affinity: a client and the slot it is recorded in)
+    AffinityClients(IpFamily),
 }
 
 impl SetShape {

@@ -52,9 +52,11 @@ pub enum OpKind {
         set: String,
         keys: Vec<(WireKey, Owner)>,
     },
-    /// Every element of a set (an affinity slot's clients, when its endpoint goes).
-    FlushSet {
+    /// Elements deleted if they are still there (an affinity slot's clients, when its endpoint
+    /// goes: the kernel may expire any of them before the transaction commits).
+    ForgetElements {
         set: String,
+        keys: Vec<WireKey>,
     },
     DeleteRule {
         chain: String,
@@ -75,7 +77,7 @@ pub enum OpTag {
     DeleteSet,
     AddElements,
     DeleteElements,
-    FlushSet,
+    ForgetElements,
     DeleteRule,
 }
 
@@ -93,7 +95,7 @@ impl OpKind {
             OpKind::DeleteSet { .. } => OpTag::DeleteSet,
             OpKind::AddElements { .. } => OpTag::AddElements,
             OpKind::DeleteElements { .. } => OpTag::DeleteElements,
-            OpKind::FlushSet { .. } => OpTag::FlushSet,
+            OpKind::ForgetElements { .. } => OpTag::ForgetElements,
             OpKind::DeleteRule { .. } => OpTag::DeleteRule,
         }
     }
@@ -150,7 +152,9 @@ impl fmt::Display for Op {
             OpKind::DeleteElements { set, keys } => {
                 write!(f, "delete element {t} {set} ({} elements)", keys.len())
             }
-            OpKind::FlushSet { set } => write!(f, "flush set {t} {set}"),
+            OpKind::ForgetElements { set, keys } => {
+                write!(f, "destroy element {t} {set} ({} elements)", keys.len())
+            }
             OpKind::DeleteRule { chain, handle } => write!(f, "delete rule {t} {chain} handle {handle}"),
         }
     }

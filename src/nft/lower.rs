@@ -154,11 +154,6 @@ fn lower_stmt(stmt: &Stmt, out: &mut Vec<LowExpr>) {
         }
         Stmt::MarkOr(bits) => lower_mark_set(!bits, *bits, out),
         Stmt::MarkXor(bits) => lower_mark_set(u32::MAX, *bits, out),
-        Stmt::UpdateSet { set, key } => {
-            let (load, _) = selector_load(*key, REG_1);
-            out.push(load);
-            out.push(LowExpr::Dynset { op: DYNSET_OP_UPDATE, sreg_key: REG_1, set: set.clone() });
-        }
         Stmt::Masquerade { fully_random } => {
             let flags = if *fully_random { NAT_RANGE_PROTO_RANDOM_FULLY } else { 0 };
             out.push(LowExpr::Masq { flags });
@@ -197,6 +192,18 @@ fn lower_stmt(stmt: &Stmt, out: &mut Vec<LowExpr>) {
             out.push(LowExpr::Lookup { sreg: REG_1, dreg: Some(REG_1), set: map.clone(), flags: 0 });
             out.push(dnat_from_registers(*family));
         }
+        Stmt::SlotLookup { family, slot, set } => {
+            load_client_slot(*family, *slot, out);
+            out.push(LowExpr::Lookup { sreg: REG_1, dreg: None, set: set.clone(), flags: 0 });
+        }
+        Stmt::UpdateSlot { family, slot, set } => {
+            load_client_slot(*family, *slot, out);
+            out.push(LowExpr::Dynset { op: DYNSET_OP_UPDATE, sreg_key: REG_1, set: set.clone() });
+        }
+        Stmt::KeyLookup { key, set } => {
+            out.push(LowExpr::Numgen { dreg: REG_1, modulus: 1, kind: NG_INCREMENTAL, offset: *key });
+            out.push(LowExpr::Lookup { sreg: REG_1, dreg: None, set: set.clone(), flags: 0 });
+        }
         Stmt::HashLookup { family, hash, set } => {
             lower_jhash(*family, hash, out);
             out.push(hton_u32());
@@ -217,6 +224,13 @@ fn lower_stmt(stmt: &Stmt, out: &mut Vec<LowExpr>) {
         }
         Stmt::Verdict(v) => out.push(verdict_expr(v)),
     }
+}
+
+/// `ip saddr . numgen inc mod 1 offset J` from `reg 1` on: the address, then the slot number
+/// in the word after it (host order, as numgen writes it).
+fn load_client_slot(family: IpFamily, slot: u32, out: &mut Vec<LowExpr>) {
+    let words = load_concat_words(&[Selector::Saddr(family)], out);
+    out.push(LowExpr::Numgen { dreg: register_for_word(words), modulus: 1, kind: NG_INCREMENTAL, offset: slot });
 }
 
 /// `jhash ip saddr . th sport …` into `reg 1`: the source address and port loaded from
@@ -391,9 +405,13 @@ pub fn set_spec(shape: SetShape, timeout_secs: Option<u32>, comment: Option<&str
             let (t, l) = addr_type(fam);
             (SET_INTERVAL, t, l, None, 0, udata_prefix::BIG_ENDIAN_KEY.to_vec())
         }
-        SetShape::Affinity(fam) => {
+        SetShape::AffinityClients(fam) => {
             let (t, l) = addr_type(fam);
-            (SET_TIMEOUT | SET_EVAL, t, l, None, 0, udata_prefix::BIG_ENDIAN_KEY.to_vec())
+            let blob = match fam {
+                IpFamily::V4 => udata_prefix::IP_SLOT,
+                IpFamily::V6 => udata_prefix::IP6_SLOT,
+            };
+            (SET_TIMEOUT | SET_EVAL, concat(&[t, TYPE_INTEGER]), l + 4, None, 0, hex(blob))
         }
         SetShape::AddressPairs(fam) => {
             let (t, l) = addr_type(fam);
@@ -492,6 +510,10 @@ mod udata_prefix {
     pub(super) const NODEPORT_INDEX_TO_IP_DPORT: &str = "000400000000010400000000034a00040d0000000142000e00040900000001060004100000000114000407000000010c00040b000000010402000000021a0004170000000112000401000000010401000000020400000000043400040d000000012c0014000407000000010c00040c00000001040c0000000114000407000000010c00040b000000010402000000060400000000";
     /// `typeof meta l4proto . th dport . numgen random mod 1 : ip6 daddr . th dport`
     pub(super) const NODEPORT_INDEX_TO_IP6_DPORT: &str = "000400000000010400000000034a00040d0000000142000e00040900000001060004100000000114000407000000010c00040b000000010402000000021a0004170000000112000401000000010401000000020400000000043400040d000000012c0014000407000000010c00040d0000000104090000000114000407000000010c00040b000000010402000000060400000000";
+    /// `typeof ip saddr . numgen inc mod 1`
+    pub(super) const IP_SLOT: &str = "000400000000033a00040d00000001320014000407000000010c00040c00000001040b000000011a0004170000000112000400000000010401000000020400000000";
+    /// `typeof ip6 saddr . numgen inc mod 1`
+    pub(super) const IP6_SLOT: &str = "000400000000033a00040d00000001320014000407000000010c00040d000000010408000000011a0004170000000112000400000000010401000000020400000000";
     /// `typeof numgen random mod 1`
     pub(super) const NUMGEN: &str = "000401000000031a0004170000000112000401000000010401000000020400000000";
     /// `typeof numgen inc mod 1 : ip daddr . th dport`
@@ -526,7 +548,7 @@ pub fn lower_set(set: &Set) -> WireSet {
         name: set.name.clone(),
         spec: set_spec(set.shape, set.timeout_secs, set.comment.as_deref(), set.counter),
         elements: lower_elements(set.shape, &set.elements),
-        dynamic: matches!(set.shape, SetShape::Affinity(_)),
+        dynamic: matches!(set.shape, SetShape::AffinityClients(_)),
         owner: set.owner.clone(),
     }
 }
@@ -539,7 +561,7 @@ pub fn lower_elements(shape: SetShape, set: &BTreeMap<Vec<Value>, Element>) -> S
     let mut elements = Vec::with_capacity(2 * set.len());
     let mut comments = Comments::default();
     match shape {
-        SetShape::Affinity(_) => {}
+        SetShape::AffinityClients(_) => {}
         SetShape::Prefixes(fam) => {
             let unique: BTreeMap<WireKey, WireElement> =
                 interval_elements(fam, set, &mut comments).into_iter().collect();

@@ -60,7 +60,7 @@ fn write_set(f: &mut fmt::Formatter<'_>, set: &Set) -> fmt::Result {
     let keyword = if set.shape.is_map() { "map" } else { "set" };
     writeln!(f, "\t{keyword} {} {{", set.name)?;
     writeln!(f, "\t\t{}", shape_declaration(set.shape))?;
-    if let SetShape::Affinity(_) = set.shape {
+    if let SetShape::AffinityClients(_) = set.shape {
         // The kernel gives dynamic sets a default size, and nft lists it.
         writeln!(f, "\t\tsize 65535")?;
         writeln!(f, "\t\tflags dynamic,timeout")?;
@@ -128,9 +128,8 @@ pub fn shape_declaration(shape: SetShape) -> String {
         IpFamily::V6 => "ipv6_addr",
     };
     match shape {
-        SetShape::Addresses(fam) | SetShape::Prefixes(fam) | SetShape::Affinity(fam) => {
-            format!("type {}", addr(fam))
-        }
+        SetShape::Addresses(fam) | SetShape::Prefixes(fam) => format!("type {}", addr(fam)),
+        SetShape::AffinityClients(fam) => format!("typeof {} saddr . numgen inc mod 1", family_keyword(fam)),
         SetShape::AddressPairs(fam) => format!("type {0} . {0}", addr(fam)),
         SetShape::ServiceVerdicts(fam) => {
             format!("type {} . inet_proto . inet_service : verdict", addr(fam))
@@ -318,7 +317,9 @@ impl Display for Stmt {
             Stmt::Vmap { key, map } => write!(f, "{} vmap @{map}", concat_selectors(key)),
             Stmt::MarkOr(bits) => write!(f, "meta mark set meta mark | {bits:#010x}"),
             Stmt::MarkXor(bits) => write!(f, "meta mark set meta mark ^ {bits:#010x}"),
-            Stmt::UpdateSet { set, key } => write!(f, "update @{set} {{ {key} }}"),
+            Stmt::SlotLookup { family, slot, set } => write!(f, "{} @{set}", ClientSlot(*family, *slot)),
+            Stmt::UpdateSlot { family, slot, set } => write!(f, "update @{set} {{ {} }}", ClientSlot(*family, *slot)),
+            Stmt::KeyLookup { key, set } => write!(f, "{} @{set}", NumgenInc(*key)),
             Stmt::Masquerade { fully_random: true } => f.write_str("masquerade fully-random"),
             Stmt::Masquerade { fully_random: false } => f.write_str("masquerade"),
             Stmt::Reject(_) => f.write_str("reject"),
@@ -337,14 +338,32 @@ impl Display for Stmt {
                 write!(f, "dnat {} to {hash} map @{map}", family_keyword(*family))
             }
             Stmt::DnatKeyMap { family, key, map } => {
-                write!(f, "dnat {} to numgen inc mod 1", family_keyword(*family))?;
-                if *key != 0 {
-                    write!(f, " offset {key}")?;
-                }
-                write!(f, " map @{map}")
+                write!(f, "dnat {} to {} map @{map}", family_keyword(*family), NumgenInc(*key))
             }
             Stmt::Verdict(v) => write!(f, "{v}"),
         }
+    }
+}
+
+/// `numgen inc mod 1 offset K` (a constant K), ` offset K` left out when K is 0, as nft does.
+struct NumgenInc(u32);
+
+impl Display for NumgenInc {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("numgen inc mod 1")?;
+        if self.0 != 0 {
+            write!(f, " offset {}", self.0)?;
+        }
+        Ok(())
+    }
+}
+
+/// `ip saddr . numgen inc mod 1 offset J`: a client and an affinity slot.
+struct ClientSlot(IpFamily, u32);
+
+impl Display for ClientSlot {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} saddr . {}", family_keyword(self.0), NumgenInc(self.1))
     }
 }
 

@@ -16,11 +16,13 @@
 //!   one hash range per endpoint.
 //!
 //! The record and the choice hash the same fields with the same seed, so a new client is
-//! recorded in the slot of the endpoint it is sent to. A port has `2^k - 1` slots and `M =
-//! 2^20 / 2^k`: its window holds the choice's range and one range per slot. Slots grow (by
-//! doubling) when the endpoints outgrow them, and shrink when four times fewer would do; both
-//! change rules, which is rare. An endpoint keeps its slot while it stays; a slot whose endpoint
-//! goes is flushed (upstream deletes the endpoint's set), in the same transaction.
+//! recorded in the slot of the endpoint it is sent to. A port with C slots has `M = 2^20 / 2^k`
+//! for the smallest `2^k > C`: its window holds the choice's range and one range per slot.
+//! C leaves room for a quarter more endpoints (at least one: a rolling update's surge), grows
+//! when they outgrow it and shrinks when it is more than twice what they need; both change
+//! rules, which is rare. An endpoint keeps its slot while it stays; when it goes, the clients
+//! recorded in its slot are deleted in the same transaction (upstream deletes the endpoint's
+//! set), so that the next endpoint bound to the slot starts with none.
 
 use std::net::IpAddr;
 
@@ -32,10 +34,10 @@ use super::placement::WINDOW;
 /// The `jhash` seed of every affinity rule ("nftp"): any constant does, as long as the record
 /// and the choice use the same one.
 pub(crate) const SEED: u32 = 0x6e66_7470;
-/// Fewest slot bits: 3 slots.
-const MIN_BITS: u32 = 2;
 /// Most slot bits: 1023 slots, each endpoint's range at least 1024 numbers wide.
 const MAX_BITS: u32 = 10;
+/// Most slots.
+const MAX_SLOTS: usize = (1 << MAX_BITS) - 1;
 
 /// An endpoint as a slot is bound to it.
 pub(crate) type SlotTarget = (IpAddr, u16);
@@ -57,7 +59,6 @@ pub(crate) struct AffinityDemand {
 /// A port's slots and the endpoint bound to each.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct AffinitySlots {
-    bits: u32,
     bound: Vec<Option<SlotTarget>>,
 }
 
@@ -65,12 +66,12 @@ impl AffinitySlots {
     /// Slots for `endpoints`: those bound in `prior` keep their slot, the others take the
     /// lowest free ones. Endpoints beyond the largest capacity get none.
     pub(crate) fn seat(prior: Option<&AffinitySlots>, endpoints: &[SlotTarget]) -> AffinitySlots {
-        let fit = bits_for(endpoints.len());
-        let bits = match prior {
-            Some(p) if p.bits >= fit && p.bits < fit + 2 => p.bits,
-            _ => fit,
+        let wanted = slots_for(endpoints.len());
+        let capacity = match prior.map(AffinitySlots::capacity) {
+            Some(c) if c >= endpoints.len().min(MAX_SLOTS) && c <= 2 * wanted => c,
+            _ => wanted,
         };
-        let mut bound: Vec<Option<SlotTarget>> = vec![None; capacity(bits)];
+        let mut bound: Vec<Option<SlotTarget>> = vec![None; capacity];
         let mut unseated = Vec::new();
         for ep in endpoints {
             let kept = prior.and_then(|p| p.slot_of(*ep)).filter(|j| *j < bound.len() && bound[*j].is_none());
@@ -87,19 +88,22 @@ impl AffinitySlots {
             let Some(j) = free.next() else { break };
             bound[j] = Some(ep);
         }
-        AffinitySlots { bits, bound }
+        AffinitySlots { bound }
     }
 
-    /// Slots as found in the kernel: `bits` from the rules, bindings from the targets map.
-    pub(crate) fn found(bits: u32, bindings: impl IntoIterator<Item = (usize, SlotTarget)>) -> Option<AffinitySlots> {
-        if !(MIN_BITS..=MAX_BITS).contains(&bits) {
+    /// Slots as found in the kernel: how many from the rules, bindings from the targets map.
+    pub(crate) fn found(
+        capacity: usize,
+        bindings: impl IntoIterator<Item = (usize, SlotTarget)>,
+    ) -> Option<AffinitySlots> {
+        if !(1..=MAX_SLOTS).contains(&capacity) {
             return None;
         }
-        let mut bound = vec![None; capacity(bits)];
+        let mut bound = vec![None; capacity];
         for (j, ep) in bindings {
             *bound.get_mut(j)? = Some(ep);
         }
-        Some(AffinitySlots { bits, bound })
+        Some(AffinitySlots { bound })
     }
 
     /// How many slots the port has.
@@ -121,7 +125,8 @@ impl AffinitySlots {
 
     /// The range of the hash every rule of a chain with its window at `offset` draws from.
     pub(crate) fn modulus(&self) -> u32 {
-        WINDOW >> self.bits
+        let parts = u32::try_from(self.capacity() + 1).unwrap_or(u32::MAX).next_power_of_two();
+        WINDOW / parts.min(1 << MAX_BITS)
     }
 
     /// The choice of a chain with its window at `window`.
@@ -151,19 +156,15 @@ impl AffinitySlots {
         (window, (key - window) as usize)
     }
 
-    /// `k` from the modulus of a chain's rules.
-    pub(crate) fn bits_of_modulus(modulus: u32) -> Option<u32> {
-        (modulus.is_power_of_two() && modulus < WINDOW).then(|| (WINDOW / modulus).trailing_zeros())
+    /// Whether a chain's rules could have this modulus (a window split in a power of two).
+    pub(crate) fn is_modulus(modulus: u32) -> bool {
+        modulus.is_power_of_two() && (WINDOW >> MAX_BITS..WINDOW).contains(&modulus)
     }
 }
 
-fn capacity(bits: u32) -> usize {
-    (1usize << bits) - 1
-}
-
-/// The fewest bits whose slots hold `n` endpoints (at most [`MAX_BITS`]).
-fn bits_for(n: usize) -> u32 {
-    (MIN_BITS..=MAX_BITS).find(|b| capacity(*b) >= n).unwrap_or(MAX_BITS)
+/// The slots for `n` endpoints: a quarter more, at least one more (a rolling update's surge).
+fn slots_for(n: usize) -> usize {
+    (n + n.div_ceil(4).max(1)).min(MAX_SLOTS)
 }
 
 #[cfg(test)]
@@ -188,31 +189,36 @@ mod tests {
     }
 
     #[test]
-    fn slots_double_when_outgrown_and_shrink_only_when_four_times_fewer_do() {
-        let eps: Vec<SlotTarget> = (1..=20).map(ep).collect();
-        let a = AffinitySlots::seat(None, &eps[..3]);
-        let b = AffinitySlots::seat(Some(&a), &eps[..4]);
-        assert_eq!((a.capacity(), b.capacity()), (3, 7));
-        assert_eq!(b.slot_of(ep(1)), Some(0), "growing keeps the bindings");
-        assert!(a.flushed_by(&b).is_empty());
-        let c = AffinitySlots::seat(Some(&b), &eps[..2]);
-        assert_eq!(c.capacity(), 7, "twice fewer: no change of rules");
-        let big = AffinitySlots::seat(None, &eps[..20]);
-        assert_eq!(big.capacity(), 31);
-        let small = AffinitySlots::seat(Some(&big), &eps[18..]);
+    fn slots_leave_room_grow_when_outgrown_and_shrink_when_twice_too_many() {
+        let eps: Vec<SlotTarget> = (1..=40).map(ep).collect();
+        let a = AffinitySlots::seat(None, &eps[..1]);
+        assert_eq!(a.capacity(), 2, "one endpoint and room for one more");
+        let b = AffinitySlots::seat(Some(&a), &eps[..2]);
+        assert_eq!(b.capacity(), 2, "the room is used: no change of rules");
+        let c = AffinitySlots::seat(Some(&b), &eps[..3]);
+        assert_eq!(c.capacity(), 4);
+        assert_eq!(c.slot_of(ep(1)), Some(0), "growing keeps the bindings");
+        assert!(b.flushed_by(&c).is_empty());
+        assert_eq!(AffinitySlots::seat(None, &eps[..10]).capacity(), 13);
+        let big = AffinitySlots::seat(None, &eps[..40]);
+        assert_eq!(big.capacity(), 50);
+        assert_eq!(AffinitySlots::seat(Some(&big), &eps[..20]).capacity(), 50, "twice fewer: no change of rules");
+        let small = AffinitySlots::seat(Some(&big), &eps[38..]);
         assert_eq!(small.capacity(), 3);
-        assert_eq!(small.slot_of(ep(19)), Some(0), "moved below the new capacity");
+        assert_eq!(small.slot_of(ep(39)), Some(0), "moved below the new capacity");
     }
 
     #[test]
     fn a_window_holds_the_choice_and_every_slot() {
         let s = AffinitySlots::seat(None, &(1..=10).map(ep).collect::<Vec<_>>());
-        assert_eq!((s.capacity(), s.modulus()), (15, 1 << 16));
+        assert_eq!((s.capacity(), s.modulus()), (13, 1 << 16));
         let last = s.record(5 * WINDOW, s.capacity() - 1);
-        assert_eq!(last.offset + last.modulus, 6 * WINDOW, "the last slot ends where the window does");
-        assert_eq!(AffinitySlots::slot_of_key(AffinitySlots::target_key(5 * WINDOW, 14)), (5 * WINDOW, 14));
-        assert_eq!(AffinitySlots::bits_of_modulus(s.modulus()), Some(4));
-        assert_eq!(AffinitySlots::bits_of_modulus(WINDOW), None);
+        assert!(last.offset + last.modulus <= 6 * WINDOW, "the last slot ends inside the window");
+        assert_eq!(AffinitySlots::slot_of_key(AffinitySlots::target_key(5 * WINDOW, 12)), (5 * WINDOW, 12));
+        assert!(AffinitySlots::is_modulus(s.modulus()));
+        assert!(!AffinitySlots::is_modulus(WINDOW));
+        let full = AffinitySlots::seat(None, &(1..=15).map(ep).collect::<Vec<_>>());
+        assert_eq!((full.capacity(), full.modulus()), (19, 1 << 15));
     }
 
     #[test]
@@ -223,5 +229,6 @@ mod tests {
         assert_eq!(s.capacity(), 1023);
         assert_eq!(s.slot_of(eps[1022]), Some(1022));
         assert_eq!(s.slot_of(eps[1023]), None);
+        assert_eq!(s.modulus(), WINDOW >> 10);
     }
 }

@@ -31,10 +31,10 @@ pub fn service_port_base(spn: &ServicePortName) -> String {
     hash_and_truncate(&format!("{}/{}/{}/{}", spn.service.namespace, spn.service.name, spn.protocol.name(), spn.port))
 }
 
-/// The dynamic set of affinity slot `j` of a service port: `affinity-HASH-ns/svc/proto/port__j`
-/// (upstream's per-endpoint sets end `__ip/port`).
-pub fn affinity_slot_set(base: &str, j: usize) -> String {
-    format!("affinity-{base}__{j}")
+/// The dynamic set of a service port's affinity clients, each with the slot it is recorded in:
+/// `affinity-HASH-ns/svc/proto/port` (upstream keeps one set per endpoint, `…__ip/port`).
+pub fn affinity_set(base: &str) -> String {
+    format!("affinity-{base}")
 }
 
 /// The base name of an endpoint's objects: `HASH-ns/svc/proto/port__ip/port`, with IPv6 colons

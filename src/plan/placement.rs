@@ -103,11 +103,13 @@ impl SlotLookup for Placed {
     }
 }
 
-/// An affinity slot's set to flush: its endpoint went, or another took the slot.
+/// An affinity slot to empty: its endpoint went, or another took the slot. Its clients are the
+/// elements of the port's client set whose slot field is `slot`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct SlotFlush {
     pub family: IpFamily,
     pub set: String,
+    pub slot: u32,
     pub service: NamespacedName,
 }
 
@@ -283,7 +285,8 @@ impl Placement {
         if let Some(prior) = prior {
             self.flushes.extend(prior.flushed_by(&slots).into_iter().map(|j| SlotFlush {
                 family: demand.id.family,
-                set: names::affinity_slot_set(&demand.id.base, j),
+                set: names::affinity_set(&demand.id.base),
+                slot: u32::try_from(j).unwrap_or(u32::MAX),
                 service: service.clone(),
             }));
         }
@@ -291,8 +294,8 @@ impl Placement {
         self.affinity_of.entry(service.clone()).or_default().push(demand.id.clone());
     }
 
-    /// The slot sets to flush since the last call: the transaction that binds their slots anew
-    /// must empty them, or a client recorded for the old endpoint would stick to the new one.
+    /// The slots to empty since the last call: the transaction that binds them anew must
+    /// remove their clients, or a client recorded for the old endpoint would stick to the new one.
     pub(crate) fn take_flushes(&mut self) -> Vec<SlotFlush> {
         std::mem::take(&mut self.flushes)
     }

@@ -10,7 +10,7 @@ use super::affinity::{AffinityDemand, AffinityId, AffinitySlots};
 use super::endpoints::{Categorized, NodeView, categorize};
 use super::objects::*;
 use super::placement::{self, Demands, Slot, SlotLookup, WindowDemand, WindowId};
-use super::{Fragment, PlanInput, ServicePlan, goto, jump, local_match, lookup, names};
+use super::{Fragment, PlanInput, ServicePlan, goto, jump, local_match, names};
 use crate::model::{Endpoint, ServicePort};
 use crate::net::IpFamily;
 use crate::nft::wire::udata::truncate_comment;
@@ -40,7 +40,7 @@ pub(super) struct PortPlan<'a> {
 }
 
 /// Whether the port is balanced by the shared balancing chains, with no chain of its own: all
-/// but session affinity (per-endpoint state) and `externalTrafficPolicy: Local` on an
+/// but session affinity (per-client state) and `externalTrafficPolicy: Local` on an
 /// externally reachable port (which tells pods and the node apart from other sources).
 pub(super) fn balanced(sp: &ServicePort) -> bool {
     sp.session_affinity_secs.is_none() && !sp.external_local()
@@ -280,14 +280,11 @@ impl<'a> PortPlan<'a> {
             }
             table.own.add_chain(ext);
         }
-        let seated = affinity.and_then(|timeout| Some((timeout, slots.affinity(&self.affinity_id())?)));
-        if let Some((timeout, seats)) = seated.filter(|_| uses_cluster_chain || uses_local_chain) {
-            for j in 0..seats.capacity() {
-                let name = names::affinity_slot_set(base, j);
-                let mut set = Set::new(name, SetShape::Affinity(family), owner.clone());
-                set.timeout_secs = Some(timeout);
-                table.own.add_set(set);
-            }
+        let seated = affinity.filter(|_| slots.affinity(&self.affinity_id()).is_some());
+        if let Some(timeout) = seated.filter(|_| uses_cluster_chain || uses_local_chain) {
+            let mut set = Set::new(names::affinity_set(base), SetShape::AffinityClients(family), owner.clone());
+            set.timeout_secs = Some(timeout);
+            table.own.add_set(set);
         }
         self.cat.reachable
     }
@@ -427,23 +424,23 @@ impl<'a> PortPlan<'a> {
             SharedSet::SlotTargets(shard),
         );
         let l4proto = Stmt::Cmp { sel: Selector::L4Proto, op: CmpOp::Eq, value: Value::Proto(self.sp.name.protocol) };
-        let saddr = Selector::Saddr(family);
-        let base = &self.base;
+        let clients = names::affinity_set(&self.base);
+        let targets = targets_map.name().into_owned();
+        let slot_number = |j: usize| u32::try_from(j).unwrap_or(u32::MAX);
         for j in 0..seats.capacity() {
-            let set = names::affinity_slot_set(base, j);
-            let key = AffinitySlots::target_key(window.offset, j);
+            let (slot, key) = (slot_number(j), AffinitySlots::target_key(window.offset, j));
             chain.push(Rule::new(vec![
-                lookup(saddr, &set),
-                Stmt::UpdateSet { set: set.clone(), key: saddr },
+                Stmt::SlotLookup { family, slot, set: clients.clone() },
+                Stmt::KeyLookup { key, set: targets.clone() },
+                Stmt::UpdateSlot { family, slot, set: clients.clone() },
                 l4proto.clone(),
-                Stmt::DnatKeyMap { family, key, map: targets_map.name().into_owned() },
+                Stmt::DnatKeyMap { family, key, map: targets.clone() },
             ]));
         }
         for j in 0..seats.capacity() {
-            let set = names::affinity_slot_set(base, j);
             chain.push(Rule::new(vec![
                 Stmt::HashLookup { family, hash: seats.record(window.offset, j), set: windows_map.name().into_owned() },
-                Stmt::UpdateSet { set, key: saddr },
+                Stmt::UpdateSlot { family, slot: slot_number(j), set: clients.clone() },
             ]));
         }
         let map = endpoint_map.name().into_owned();

@@ -527,7 +527,12 @@ endpoints:
     );
     let out = load(&yaml);
     assert!(out.problems.is_empty(), "{:#?}", out.problems);
-    assert!(out.rendered.contains(&format!("{ns}/{name}/sctp/{port}__2 ")), "{}", out.rendered);
+    let client_set = out
+        .rendered
+        .lines()
+        .find(|l| l.trim_start().starts_with("set affinity-") && l.contains("/sctp/"))
+        .unwrap_or_default();
+    assert!(client_set.ends_with(&format!("-{ns}/{name}/sctp/{port} {{")), "{}", out.rendered);
     out.assert_kernel_limits();
 }
 

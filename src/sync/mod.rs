@@ -31,10 +31,10 @@ use crate::index::Pending;
 use crate::model::{ClusterState, NamespacedName, NodeInfo, ObjectKind, ObjectRef, Problem};
 use crate::net::{FamilyMap, IpFamily};
 use crate::netlink::{ApplyStats, Netfilter, NetlinkError};
+use crate::nft::diff::OpKind;
 use crate::nft::diff::{Op, OpTag, diff};
-use crate::nft::diff::{OpKind, OpSink};
 use crate::nft::lower::{lower_ruleset, lower_table};
-use crate::nft::wire::WireData;
+use crate::nft::wire::{WireData, WireKey};
 use crate::nft::wire::{WireRuleset, WireTable, consts};
 use crate::nodeaddr::NodePortTargets;
 use crate::plan::affinity::{AffinityId, AffinitySlots, SlotTarget};
@@ -555,12 +555,7 @@ impl Syncer {
             };
             let demands = input.state.services().map(|svc| (svc.name.clone(), plan::demands(input, families, svc)));
             let mut placement = Placement::settle(prior, prior_affinity, demands);
-            // Only sets the kernel holds: a rebuild or a table created now starts them empty.
-            let flushes: Vec<SlotFlush> = placement
-                .take_flushes()
-                .into_iter()
-                .filter(|f| kernel.table(f.family).is_some_and(|t| t.sets.contains_key(&f.set)))
-                .collect();
+            let flushes = placement.take_flushes();
             let infrastructure: FamilyMap<WireTable> = plan::plan_infrastructure(input, families).map(|family, t| {
                 let mut table = lower_table(t);
                 table.flags = table_flags(self.ownership, kernel.table(family));
@@ -572,8 +567,10 @@ impl Syncer {
                 delta.add_up_front(placement.maps());
             }
             let mut programmed = Programmed::new(infrastructure);
+            // Only for sets the kernel holds: a rebuild or a new table starts them empty.
+            let forget =
+                if rebuild { Vec::new() } else { slot_deletions(&mut *self.kernel, &self.config.table, &flushes)? };
             let prepended = &self.prepended;
-            let table = self.config.table.as_str();
             let guard = before.filter(|_| stale_reads < MAX_STALE_READS);
             self.kernel.expect_generation(guard);
             let applied = self.kernel.apply_stream(&mut |sink| {
@@ -587,7 +584,7 @@ impl Syncer {
                     delta.service(sink, fragments)?;
                 }
                 delta.finish(sink);
-                push_flushes(sink, &flushes, table);
+                forget.iter().for_each(|op| sink.push(op.clone()));
                 ControlFlow::Continue(())
             });
             let applied = match applied {
@@ -666,14 +663,14 @@ impl Syncer {
         // process last saw (else a full sync reads the kernel back). Owned ones cannot be.
         let guard = self.generation.filter(|_| !self.ownership);
         self.kernel.expect_generation(guard);
-        let table = self.config.table.as_str();
+        let forget = slot_deletions(&mut *self.kernel, &self.config.table, &flushes)?;
         let applied = self.kernel.apply_stream(&mut |sink| {
             delta.begin(sink);
             for want in wants.by_ref() {
                 delta.service(sink, want)?;
             }
             delta.finish(sink);
-            push_flushes(sink, &flushes, table);
+            forget.iter().for_each(|op| sink.push(op.clone()));
             ControlFlow::Continue(())
         })?;
         // A partial sync replaces whole services, so nothing in its view must change in place.
@@ -747,16 +744,35 @@ fn replan(
     plan::plan_service(&input, families, svc, &service.slots).lower()
 }
 
-/// Empties the affinity slot sets whose endpoint went (after everything else: the sets exist).
-fn push_flushes(sink: &mut dyn OpSink, flushes: &[SlotFlush], table: &str) {
+/// The deletions that empty the affinity slots of `flushes`: the clients the kernel recorded in
+/// them (the elements of each port's client set whose slot field is the slot's).
+fn slot_deletions(kernel: &mut dyn Netfilter, table: &str, flushes: &[SlotFlush]) -> Result<Vec<Op>, NetlinkError> {
+    let mut slots: BTreeMap<(IpFamily, &str), (BTreeSet<u32>, &NamespacedName)> = BTreeMap::new();
     for flush in flushes {
-        sink.push(Op {
-            family: flush.family,
-            table: table.to_string(),
-            kind: OpKind::FlushSet { set: flush.set.clone() },
-            owner: crate::nft::ast::Owner::infrastructure(),
-        });
+        let entry =
+            slots.entry((flush.family, flush.set.as_str())).or_insert_with(|| (BTreeSet::new(), &flush.service));
+        entry.0.insert(flush.slot);
     }
+    let mut ops = Vec::new();
+    for ((family, set), (slots, service)) in slots {
+        let slot_of = |key: &WireKey| key.bytes.last_chunk::<4>().map(|b| u32::from_ne_bytes(*b));
+        let keys: Vec<WireKey> = kernel
+            .set_keys(family, table, set)?
+            .into_iter()
+            .filter(|k| slot_of(k).is_some_and(|j| slots.contains(&j)))
+            .collect();
+        if !keys.is_empty() {
+            // A failure is the service's (its comment form names it).
+            let owner = crate::nft::ast::Owner::from_comment(&service.to_string());
+            ops.push(Op {
+                family,
+                table: table.to_string(),
+                kind: OpKind::ForgetElements { set: set.to_string(), keys },
+                owner,
+            });
+        }
+    }
+    Ok(ops)
 }
 
 /// The endpoint windows nftproxy's rules in the kernel use, so a restarted proxy keeps every
@@ -768,7 +784,7 @@ fn found_windows(kernel: &WireRuleset) -> Vec<(WindowId, Slot)> {
             let Some(SharedSet::EndpointMap(kind, shard)) = SharedSet::from_name(&found.map) else { continue };
             let expected = match kind {
                 MapKind::Targets => found.modulus == plan::placement::WINDOW,
-                MapKind::Affinity => AffinitySlots::bits_of_modulus(found.modulus).is_some(),
+                MapKind::Affinity => AffinitySlots::is_modulus(found.modulus),
             };
             if !expected || found.offset % plan::placement::WINDOW != 0 {
                 continue;
@@ -781,18 +797,22 @@ fn found_windows(kernel: &WireRuleset) -> Vec<(WindowId, Slot)> {
 }
 
 /// The affinity slots nftproxy's rules and maps in the kernel hold, so a restarted proxy keeps
-/// every endpoint in its slot (and its clients with it): the slot count from the modulus of a
-/// port's balancing rules, the bindings from the `affinity-targets-N` maps.
+/// every endpoint in its slot (and its clients with it): the slot count from a balancing
+/// chain's record rules (one per slot), the bindings from the `affinity-targets-N` maps.
 fn found_affinity(kernel: &WireRuleset, windows: &[(WindowId, Slot)]) -> Vec<(AffinityId, AffinitySlots)> {
     let mut out = Vec::new();
     for table in &kernel.tables {
-        let mut bits: BTreeMap<String, u32> = BTreeMap::new();
-        for found in table.numgen_windows() {
-            if let Some(SharedSet::EndpointMap(MapKind::Affinity, _)) = SharedSet::from_name(&found.map)
-                && let Some(b) = AffinitySlots::bits_of_modulus(found.modulus)
-                && let Some(base) = port_base(&found.chain)
-            {
-                bits.insert(base.to_string(), b);
+        let mut records: BTreeMap<&str, usize> = BTreeMap::new();
+        let found = table.numgen_windows();
+        for record in &found {
+            if let Some(SharedSet::SlotWindows(_)) = SharedSet::from_name(&record.map) {
+                *records.entry(record.chain.as_str()).or_default() += 1;
+            }
+        }
+        let mut capacity: BTreeMap<String, usize> = BTreeMap::new();
+        for (chain, n) in records {
+            if let Some(base) = port_base(chain) {
+                capacity.insert(base.to_string(), n);
             }
         }
         let chain_at: BTreeMap<(u32, u32), &str> = windows
@@ -813,9 +833,9 @@ fn found_affinity(kernel: &WireRuleset, windows: &[(WindowId, Slot)]) -> Vec<(Af
                 }
             }
         }
-        for (base, b) in bits {
+        for (base, n) in capacity {
             let bindings = bound.remove(&base).unwrap_or_default();
-            if let Some(slots) = AffinitySlots::found(b, bindings) {
+            if let Some(slots) = AffinitySlots::found(n, bindings) {
                 out.push((AffinityId { family: table.family, base }, slots));
             }
         }

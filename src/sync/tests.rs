@@ -5,6 +5,7 @@ use super::*;
 use crate::index::{Change, ClusterIndex, Update};
 use crate::netlink::{FakeNetfilter, SharedFake};
 use crate::nft::ast::{Chain, Element, Owner, Rule, Ruleset, Set, SetShape, Stmt, Table, Value};
+use crate::nft::wire::WireElement;
 use crate::plan::NodePorts;
 use crate::plan::objects::{BalanceMap, MapKind};
 use crate::plan::tests::{config, state};
@@ -99,6 +100,14 @@ fn windows_found_in_the_kernel_are_read_from_its_balancing_rules() {
         } else {
             Stmt::DnatNumgenMap { family, modulus, offset, map }
         }]));
+        if chain == "service-X" {
+            // Its slots' record rules: 13 slots.
+            for j in 1..=13 {
+                let hash = crate::nft::ast::Jhash { modulus, seed: 1, offset: offset + j * modulus };
+                let set = "affinity-windows-1".to_string();
+                c.push(Rule::new(vec![Stmt::HashLookup { family, hash, set }]));
+            }
+        }
         table.add_chain(c);
     }
     // Slot 2 of service-X bound to 10.0.0.2:80; slot 0 of local-X to 10.0.0.7:80; a key in no
@@ -127,7 +136,7 @@ fn windows_found_in_the_kernel_are_read_from_its_balancing_rules() {
     assert_eq!(affinity.len(), 1);
     let (port, slots) = &affinity[0];
     assert_eq!(port.base, "X");
-    assert_eq!(slots.capacity(), 15);
+    assert_eq!(slots.capacity(), 13);
     assert_eq!(slots.slot_of(([10, 0, 0, 2].into(), 80)), Some(2));
     assert_eq!(slots.slot_of(([10, 0, 0, 7].into(), 80)), Some(0));
     assert_eq!(slots.slot_of(([10, 0, 0, 9].into(), 80)), None);
@@ -240,4 +249,42 @@ fn a_service_cidr_change_makes_the_sync_full() {
     assert!(after.report.full);
     let k = kernel.lock();
     assert!(k.state.tables[0].sets.get("service-cidrs").is_some_and(|s| !s.elements.is_empty()));
+}
+
+#[test]
+fn an_affinity_endpoint_that_goes_takes_only_its_slots_clients_with_it() {
+    let (kernel, mut syncer) = shared_syncer(true);
+    let mut index = ClusterIndex::new();
+    let affine = ", sessionAffinity: ClientIP";
+    reset(&mut index, &web_with(&["10.0.1.1", "10.0.1.2"], affine));
+    sync(&mut syncer, &mut index, SyncReason::Startup, true);
+    // Clients the kernel recorded: two in slot 0 (10.0.1.1, the first seated), one in slot 1.
+    let set = {
+        let mut k = kernel.lock();
+        let table = k.state.tables.iter_mut().find(|t| t.family == IpFamily::V4).unwrap();
+        let (name, set) = table.sets.iter_mut().find(|(n, _)| n.starts_with("affinity-") && n.contains('/')).unwrap();
+        for (client, slot) in [([192, 0, 2, 1], 0u32), ([192, 0, 2, 2], 0), ([192, 0, 2, 3], 1)] {
+            let mut key = client.to_vec();
+            key.extend_from_slice(&slot.to_ne_bytes());
+            let element = WireElement { data: WireData::None, userdata: None, owner: Owner::infrastructure() };
+            set.elements.insert(WireKey::new(&key), element);
+        }
+        name.clone()
+    };
+    // 10.0.1.1 goes and 10.0.1.3 comes: slot 0 is bound anew, in one partial sync.
+    reset(&mut index, &web_with(&["10.0.1.2", "10.0.1.3"], affine));
+    assert!(!sync(&mut syncer, &mut index, SyncReason::Changes, false).report.full);
+    let k = kernel.lock();
+    let last = k.applied.last().unwrap();
+    let forgotten: Vec<&OpKind> =
+        last.ops.iter().map(|o| &o.kind).filter(|k| matches!(k, OpKind::ForgetElements { .. })).collect();
+    assert_eq!(forgotten.len(), 1, "{:#?}", last.summary());
+    let OpKind::ForgetElements { set: forgotten_set, keys } = forgotten[0] else { unreachable!() };
+    assert_eq!((forgotten_set, keys.len()), (&set, 2));
+    assert!(last.ops.iter().all(|o| matches!(
+        o.kind,
+        OpKind::AddElements { .. } | OpKind::DeleteElements { .. } | OpKind::ForgetElements { .. }
+    )));
+    let left = &k.state.tables.iter().find(|t| t.family == IpFamily::V4).unwrap().sets[&set];
+    assert_eq!(left.elements.len(), 1, "slot 1's client stays");
 }

@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex};
 use nftproxy::net::IpFamily;
 use nftproxy::netlink::{ApplyStats, Netfilter, NetlinkError, StreamWriter};
 use nftproxy::nft::diff::{Op, OpKind, OpSink, Transaction};
-use nftproxy::nft::wire::{WireRule, WireRuleset};
+use nftproxy::nft::wire::{WireKey, WireRule, WireRuleset};
 
 /// Passes everything to `inner` and keeps a copy of every transaction it applied.
 pub struct Recording<N> {
@@ -54,6 +54,10 @@ impl<N: Netfilter> Netfilter for Recording<N> {
 
     fn read(&mut self, tables: &[(IpFamily, &str)]) -> Result<WireRuleset, NetlinkError> {
         self.inner.read(tables)
+    }
+
+    fn set_keys(&mut self, family: IpFamily, table: &str, set: &str) -> Result<Vec<WireKey>, NetlinkError> {
+        self.inner.set_keys(family, table, set)
     }
 
     fn generation(&mut self) -> Result<Option<u32>, NetlinkError> {
@@ -103,6 +107,10 @@ impl<N: Netfilter> Netfilter for RefuseOwner<N> {
 
     fn read(&mut self, tables: &[(IpFamily, &str)]) -> Result<WireRuleset, NetlinkError> {
         self.inner.read(tables)
+    }
+
+    fn set_keys(&mut self, family: IpFamily, table: &str, set: &str) -> Result<Vec<WireKey>, NetlinkError> {
+        self.inner.set_keys(family, table, set)
     }
 
     fn generation(&mut self) -> Result<Option<u32>, NetlinkError> {
