@@ -4,8 +4,9 @@
 //! Random choices (`numgen`) fork the evaluation: every value of a small modulus, or every
 //! window between the boundaries of the interval map the result is looked up in, each with its
 //! share of the modulus. A connection's `jhash` (affinity) forks the same way, once, over the
-//! boundaries of every map its chain looks it up in; later hashes of the branch reuse the value. Branches that end alike merge, so a chain of 16 `numgen` rules costs
-//! the sum of their moduli, not their product. Anything the interpreter does not model ends the
+//! boundaries of every map its chain looks it up in; later hashes of the branch reuse the
+//! value. Branches that end alike merge, so a chain of 16 `numgen` rules costs the sum of their
+//! moduli, not their product. Anything the interpreter does not model ends the
 //! branch as [`ChainEnd::Unknown`] naming the expression, chain and rule: it never guesses.
 
 use std::collections::BTreeMap;

@@ -14,54 +14,23 @@ use super::wire::*;
 use crate::net::IpFamily;
 
 /// What one operation does. `DeleteRule` deletes a rule by its kernel handle (kube-proxy's
-/// leftovers in foreign tables, issue 14).
+/// leftovers in foreign tables, issue 14). `ForgetElements` deletes elements if they are still
+/// there (an affinity slot's clients when its endpoint goes: the kernel may expire any of them
+/// before the transaction commits).
 #[derive(Debug, Clone)]
 pub enum OpKind {
-    AddTable {
-        flags: u32,
-        userdata: Option<Vec<u8>>,
-    },
+    AddTable { flags: u32, userdata: Option<Vec<u8>> },
     DeleteTable,
-    AddChain {
-        chain: String,
-        hook: Option<WireHook>,
-        userdata: Option<Vec<u8>>,
-    },
-    FlushChain {
-        chain: String,
-    },
-    DeleteChain {
-        chain: String,
-    },
-    AddRule {
-        chain: String,
-        rule: WireRule,
-    },
-    AddSet {
-        set: String,
-        spec: WireSetSpec,
-    },
-    DeleteSet {
-        set: String,
-    },
-    AddElements {
-        set: String,
-        elements: Vec<(WireKey, WireElement)>,
-    },
-    DeleteElements {
-        set: String,
-        keys: Vec<(WireKey, Owner)>,
-    },
-    /// Elements deleted if they are still there (an affinity slot's clients, when its endpoint
-    /// goes: the kernel may expire any of them before the transaction commits).
-    ForgetElements {
-        set: String,
-        keys: Vec<WireKey>,
-    },
-    DeleteRule {
-        chain: String,
-        handle: u64,
-    },
+    AddChain { chain: String, hook: Option<WireHook>, userdata: Option<Vec<u8>> },
+    FlushChain { chain: String },
+    DeleteChain { chain: String },
+    AddRule { chain: String, rule: WireRule },
+    AddSet { set: String, spec: WireSetSpec },
+    DeleteSet { set: String },
+    AddElements { set: String, elements: Vec<(WireKey, WireElement)> },
+    DeleteElements { set: String, keys: Vec<(WireKey, Owner)> },
+    ForgetElements { set: String, keys: Vec<WireKey> },
+    DeleteRule { chain: String, handle: u64 },
 }
 
 /// What an operation does, without its data: what decisions about a refused message look at.

@@ -3,26 +3,31 @@
 //! going changes elements only (no rule, no chain, no `goto`: nothing that makes the kernel
 //! validate the table).
 //!
-//! Slot `j` of a port is a dynamic set `affinity-…__slot<j>` of client addresses (upstream keeps
-//! one such set per endpoint). A balancing chain over the port's endpoints, with its window at
-//! offset `W` of an `affinity-endpoints-N` map, holds:
-//! - per slot, the sticky check: `ip saddr @slot update @slot { ip saddr } dnat to numgen inc
-//!   mod 1 offset W+j map @affinity-targets-N` (`numgen inc mod 1` is always 0, so the key is
-//!   the slot's constant; the map holds the endpoint bound to it, and no element means no match);
-//! - per slot, the record: `jhash ip saddr . th sport mod M … offset W+M(j+1)
-//!   @affinity-windows-N update @slot { ip saddr }`: the map holds, at the slot's own offset,
-//!   the hash range its endpoint gets below;
+//! A port has one dynamic set `affinity-…` of `client . slot` (upstream keeps one set of clients
+//! per endpoint). A balancing chain over the port's endpoints, with its window at offset `W` of
+//! an `affinity-endpoints-N` map, holds:
+//! - per slot `j`, the sticky check: `ip saddr . numgen inc mod 1 offset j @affinity-…` (the
+//!   client is recorded in slot `j`; `numgen inc mod 1` is always 0, so the field is the
+//!   constant `j`), `numgen inc mod 1 offset W+j @affinity-targets-N` (the slot is bound), the
+//!   update that refreshes the entry, then `dnat to numgen inc mod 1 offset W+j map
+//!   @affinity-targets-N`, the endpoint bound to the slot;
+//! - per slot `j`, the record: `jhash ip saddr . th sport mod M … offset W+M(j+1)
+//!   @affinity-windows-N update @affinity-… { ip saddr . j }`: the map holds, at the slot's own
+//!   offset, the hash range its endpoint gets below;
 //! - the choice: `dnat to jhash ip saddr . th sport mod M … offset W map @affinity-endpoints-N`,
 //!   one hash range per endpoint.
 //!
 //! The record and the choice hash the same fields with the same seed, so a new client is
 //! recorded in the slot of the endpoint it is sent to. A port with C slots has `M = 2^20 / 2^k`
 //! for the smallest `2^k > C`: its window holds the choice's range and one range per slot.
-//! C leaves room for a quarter more endpoints (at least one: a rolling update's surge), grows
-//! when they outgrow it and shrinks when it is more than twice what they need; both change
-//! rules, which is rare. An endpoint keeps its slot while it stays; when it goes, the clients
-//! recorded in its slot are deleted in the same transaction (upstream deletes the endpoint's
-//! set), so that the next endpoint bound to the slot starts with none.
+//! C leaves room for a quarter more endpoints, rounded up (at least one: a rolling update's
+//! surge), grows when they outgrow it and shrinks when it is more than twice what they need;
+//! both change rules, which is rare. An endpoint keeps its slot while it stays. Whenever a
+//! slot's binding changes (its endpoint goes, another comes, the slot goes with a shrink), the
+//! clients recorded in it are deleted in the same transaction (upstream deletes the endpoint's
+//! set), so that no client follows a slot to another endpoint. A new endpoint takes a slot that
+//! was free before the change rather than one its endpoint is leaving, so that clients recorded
+//! while the deleting transaction was being built are deleted when the slot is bound again.
 
 use std::net::IpAddr;
 
@@ -63,8 +68,8 @@ pub(crate) struct AffinitySlots {
 }
 
 impl AffinitySlots {
-    /// Slots for `endpoints`: those bound in `prior` keep their slot, the others take the
-    /// lowest free ones. Endpoints beyond the largest capacity get none.
+    /// Slots for `endpoints`: those bound in `prior` keep their slot, the others take free ones,
+    /// those free in `prior` first, lowest first. Endpoints beyond the largest capacity get none.
     pub(crate) fn seat(prior: Option<&AffinitySlots>, endpoints: &[SlotTarget]) -> AffinitySlots {
         let wanted = slots_for(endpoints.len());
         let capacity = match prior.map(AffinitySlots::capacity) {
@@ -80,7 +85,11 @@ impl AffinitySlots {
                 None => unseated.push(*ep),
             }
         }
-        let mut free = (0..bound.len()).filter(|j| bound[*j].is_none()).collect::<Vec<_>>().into_iter();
+        let was_free = |j: &usize| prior.is_none_or(|p| p.bound.get(*j).is_none_or(Option::is_none));
+        let (mut free, vacated): (Vec<usize>, Vec<usize>) =
+            (0..bound.len()).filter(|j| bound[*j].is_none()).partition(was_free);
+        free.extend(vacated);
+        let mut free = free.into_iter();
         for ep in unseated {
             if bound.contains(&Some(ep)) {
                 continue;
@@ -100,8 +109,12 @@ impl AffinitySlots {
             return None;
         }
         let mut bound = vec![None; capacity];
+        // A key past the slots is not ours to keep: its slot is treated as free (and its
+        // clients, if any, as a slot whose binding changes).
         for (j, ep) in bindings {
-            *bound.get_mut(j)? = Some(ep);
+            if let Some(slot) = bound.get_mut(j) {
+                *slot = Some(ep);
+            }
         }
         Some(AffinitySlots { bound })
     }
@@ -116,14 +129,16 @@ impl AffinitySlots {
         self.bound.iter().position(|b| *b == Some(endpoint))
     }
 
-    /// The slots whose sets must be flushed going from `self` to `new`: those that exist in
-    /// both and were bound to an endpoint they are no longer bound to.
+    /// The slots whose clients must be deleted going from `self` to `new`: every slot whose
+    /// binding changes, a slot past either capacity counting as unbound. An unbound slot can
+    /// hold clients recorded while the transaction that unbound it was being built, or found
+    /// in the kernel without a binding; deleting them on binding keeps them from following.
     pub(crate) fn flushed_by(&self, new: &AffinitySlots) -> Vec<usize> {
-        let both = self.capacity().min(new.capacity());
-        (0..both).filter(|j| self.bound[*j].is_some() && self.bound[*j] != new.bound[*j]).collect()
+        let at = |s: &AffinitySlots, j: usize| s.bound.get(j).copied().flatten();
+        (0..self.capacity().max(new.capacity())).filter(|j| at(self, *j) != at(new, *j)).collect()
     }
 
-    /// The range of the hash every rule of a chain with its window at `offset` draws from.
+    /// The range of the hash every rule of the port's chains draws from.
     pub(crate) fn modulus(&self) -> u32 {
         let parts = u32::try_from(self.capacity() + 1).unwrap_or(u32::MAX).next_power_of_two();
         WINDOW / parts.min(1 << MAX_BITS)
@@ -181,11 +196,12 @@ mod tests {
         assert_eq!(a.capacity(), 3);
         assert_eq!((a.slot_of(ep(1)), a.slot_of(ep(2))), (Some(0), Some(1)));
         let b = AffinitySlots::seat(Some(&a), &[ep(2), ep(3)]);
-        assert_eq!((b.slot_of(ep(2)), b.slot_of(ep(3)), b.slot_of(ep(1))), (Some(1), Some(0), None));
-        assert_eq!(a.flushed_by(&b), vec![0], "slot 0 changed endpoint");
-        let c = AffinitySlots::seat(Some(&b), &[ep(2)]);
+        assert_eq!((b.slot_of(ep(2)), b.slot_of(ep(3)), b.slot_of(ep(1))), (Some(1), Some(2), None));
+        assert_eq!(a.flushed_by(&b), vec![0, 2], "slot 2 was free before: it is taken, slot 0 is left");
+        let c = AffinitySlots::seat(Some(&b), &[ep(2), ep(3), ep(4)]);
+        assert_eq!(c.slot_of(ep(4)), Some(0), "the slot left earlier, emptied again when bound");
         assert_eq!(b.flushed_by(&c), vec![0]);
-        assert!(c.flushed_by(&AffinitySlots::seat(Some(&c), &[ep(2), ep(4)])).is_empty(), "binding a free slot");
+        assert!(c.flushed_by(&c.clone()).is_empty(), "nothing changed");
     }
 
     #[test]
@@ -198,7 +214,7 @@ mod tests {
         let c = AffinitySlots::seat(Some(&b), &eps[..3]);
         assert_eq!(c.capacity(), 4);
         assert_eq!(c.slot_of(ep(1)), Some(0), "growing keeps the bindings");
-        assert!(b.flushed_by(&c).is_empty());
+        assert_eq!(b.flushed_by(&c), vec![2], "only the slot the new endpoint takes");
         assert_eq!(AffinitySlots::seat(None, &eps[..10]).capacity(), 13);
         let big = AffinitySlots::seat(None, &eps[..40]);
         assert_eq!(big.capacity(), 50);
@@ -206,6 +222,8 @@ mod tests {
         let small = AffinitySlots::seat(Some(&big), &eps[38..]);
         assert_eq!(small.capacity(), 3);
         assert_eq!(small.slot_of(ep(39)), Some(0), "moved below the new capacity");
+        let flushed = big.flushed_by(&small);
+        assert_eq!(flushed, (0..40).collect::<Vec<_>>(), "every bound slot: moved, emptied or gone");
     }
 
     #[test]
@@ -219,6 +237,14 @@ mod tests {
         assert!(!AffinitySlots::is_modulus(WINDOW));
         let full = AffinitySlots::seat(None, &(1..=15).map(ep).collect::<Vec<_>>());
         assert_eq!((full.capacity(), full.modulus()), (19, 1 << 15));
+    }
+
+    #[test]
+    fn slots_found_in_the_kernel_keep_what_fits() {
+        let found = AffinitySlots::found(3, [(0, ep(1)), (7, ep(2)), (2, ep(3))]).unwrap();
+        assert_eq!((found.capacity(), found.slot_of(ep(1)), found.slot_of(ep(3))), (3, Some(0), Some(2)));
+        assert_eq!(found.slot_of(ep(2)), None, "a key past the slots is dropped, not the port");
+        assert!(AffinitySlots::found(0, []).is_none());
     }
 
     #[test]

@@ -1,6 +1,6 @@
 //! Where each service port's endpoints sit in the shared endpoint maps.
 //!
-//! A service port with several endpoints balances with `numgen random mod 1048576 offset K`
+//! A service port with a chain of its own balances with `numgen random mod 1048576 offset K`
 //! over its own **window** of 2^20 numbers in one of a few shared interval maps
 //! (`endpoints-0`, `endpoints-1`, …; `affinity-endpoints-0`, … with their slot maps for session
 //! affinity, see [`super::affinity`]). The window is split into one range per endpoint, as
@@ -19,10 +19,11 @@
 //! table is validated, the kernel walks a verdict map in full for each rule that looks it up.)
 //!
 //! A [`Placement`] is a plain value, an input to planning: planning asks it where a window is,
-//! and which endpoint each affinity slot is bound to ([`SlotLookup`]), and never changes it. The syncer changes it explicitly: [`Placement::settle`]
-//! places every service at once (a full sync: windows found in the kernel, or placed before, stay
-//! where they are), [`Placement::update_service`] moves one service to its new windows (a partial
-//! sync). A window never moves while its service port keeps needing it.
+//! and which endpoint each affinity slot is bound to ([`SlotLookup`]), and never changes it. The
+//! syncer changes it explicitly: [`Placement::settle`] places every service at once (a full
+//! sync: windows found in the kernel, or placed before, stay where they are),
+//! [`Placement::update_service`] moves one service to its new windows (a partial sync). A window
+//! never moves while its service port keeps needing it.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
@@ -282,7 +283,10 @@ impl Placement {
     /// Seats one port's affinity slots from `prior`, and notes the slots to flush.
     fn seat(&mut self, service: &NamespacedName, demand: &AffinityDemand, prior: Option<&AffinitySlots>) {
         let slots = AffinitySlots::seat(prior, &demand.endpoints);
-        if let Some(prior) = prior {
+        // Without a prior binding every bound slot is new: a set the kernel already holds (found
+        // without readable bindings) may have clients in it.
+        let unknown = AffinitySlots::found(slots.capacity(), []);
+        if let Some(prior) = prior.or(unknown.as_ref()) {
             self.flushes.extend(prior.flushed_by(&slots).into_iter().map(|j| SlotFlush {
                 family: demand.id.family,
                 set: names::affinity_set(&demand.id.base),

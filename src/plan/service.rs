@@ -347,9 +347,8 @@ impl<'a> PortPlan<'a> {
         ]
     }
 
-    /// A chain balancing over `endpoints`: a plain DNAT for one, numgen over a block of the
-    /// shared DNAT map for more; with ClientIP affinity, the port's slots (see
-    /// [`super::affinity`]).
+    /// A chain balancing over `endpoints`: numgen over the port's window of a shared DNAT map;
+    /// with ClientIP affinity, the port's slots (see [`super::affinity`]).
     fn write_policy_chain(
         &self,
         table: &mut Fragment,
@@ -416,6 +415,14 @@ impl<'a> PortPlan<'a> {
         };
         let seated: Vec<(&Endpoint, usize)> =
             endpoints.iter().filter_map(|ep| Some((ep, seats.slot_of((ep.ip, ep.port))?))).collect();
+        if seated.len() < endpoints.len() {
+            tracing::warn!(
+                service = %self.sp.name,
+                endpoints = endpoints.len(),
+                slots = seats.capacity(),
+                "more endpoints than a port with session affinity has slots: the rest get no traffic"
+            );
+        }
         let n = u32::try_from(seated.len()).unwrap_or(u32::MAX);
         let shard = window.shard;
         let (endpoint_map, windows_map, targets_map) = (

@@ -555,7 +555,12 @@ impl Syncer {
             };
             let demands = input.state.services().map(|svc| (svc.name.clone(), plan::demands(input, families, svc)));
             let mut placement = Placement::settle(prior, prior_affinity, demands);
-            let flushes = placement.take_flushes();
+            // Only for sets the kernel holds: a new one starts empty.
+            let flushes: Vec<SlotFlush> = placement
+                .take_flushes()
+                .into_iter()
+                .filter(|f| kernel.table(f.family).is_some_and(|t| t.sets.contains_key(&f.set)))
+                .collect();
             let infrastructure: FamilyMap<WireTable> = plan::plan_infrastructure(input, families).map(|family, t| {
                 let mut table = lower_table(t);
                 table.flags = table_flags(self.ownership, kernel.table(family));
@@ -576,6 +581,9 @@ impl Syncer {
             let applied = self.kernel.apply_stream(&mut |sink| {
                 prepended.iter().for_each(|op| sink.push(op.clone()));
                 delta.begin(sink);
+                // Before the services' operations: a set they recreate (a new timeout) loses its
+                // clients anyway, and a plain delete (before Linux 6.3) must find the old one.
+                forget.iter().for_each(|op| sink.push(op.clone()));
                 for svc in input.state.services() {
                     let service_plan = plan::plan_service(input, families, svc, &placement);
                     let mut fragments = service_plan.lower();
@@ -584,7 +592,6 @@ impl Syncer {
                     delta.service(sink, fragments)?;
                 }
                 delta.finish(sink);
-                forget.iter().for_each(|op| sink.push(op.clone()));
                 ControlFlow::Continue(())
             });
             let applied = match applied {
@@ -661,16 +668,16 @@ impl Syncer {
         let mut wants = scope.wants.into_iter();
         // Unowned tables may have been changed by anyone: apply only over the generation this
         // process last saw (else a full sync reads the kernel back). Owned ones cannot be.
+        let forget = slot_deletions(&mut *self.kernel, &self.config.table, &flushes)?;
         let guard = self.generation.filter(|_| !self.ownership);
         self.kernel.expect_generation(guard);
-        let forget = slot_deletions(&mut *self.kernel, &self.config.table, &flushes)?;
         let applied = self.kernel.apply_stream(&mut |sink| {
             delta.begin(sink);
+            forget.iter().for_each(|op| sink.push(op.clone()));
             for want in wants.by_ref() {
                 delta.service(sink, want)?;
             }
             delta.finish(sink);
-            forget.iter().for_each(|op| sink.push(op.clone()));
             ControlFlow::Continue(())
         })?;
         // A partial sync replaces whole services, so nothing in its view must change in place.
@@ -762,8 +769,12 @@ fn slot_deletions(kernel: &mut dyn Netfilter, table: &str, flushes: &[SlotFlush]
             .filter(|k| slot_of(k).is_some_and(|j| slots.contains(&j)))
             .collect();
         if !keys.is_empty() {
-            // A failure is the service's (its comment form names it).
-            let owner = crate::nft::ast::Owner::from_comment(&service.to_string());
+            // A failure is the service's.
+            let service = service.clone();
+            let owner = crate::nft::ast::Owner::ServicePort(Arc::new(crate::nft::ast::OwnerRef {
+                service,
+                port: String::new(),
+            }));
             ops.push(Op {
                 family,
                 table: table.to_string(),
@@ -812,7 +823,9 @@ fn found_affinity(kernel: &WireRuleset, windows: &[(WindowId, Slot)]) -> Vec<(Af
         let mut capacity: BTreeMap<String, usize> = BTreeMap::new();
         for (chain, n) in records {
             if let Some(base) = port_base(chain) {
-                capacity.insert(base.to_string(), n);
+                // The cluster and the local chain of a port have the same slots.
+                let c = capacity.entry(base.to_string()).or_default();
+                *c = (*c).max(n);
             }
         }
         let chain_at: BTreeMap<(u32, u32), &str> = windows

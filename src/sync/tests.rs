@@ -288,3 +288,12 @@ fn an_affinity_endpoint_that_goes_takes_only_its_slots_clients_with_it() {
     let left = &k.state.tables.iter().find(|t| t.family == IpFamily::V4).unwrap().sets[&set];
     assert_eq!(left.elements.len(), 1, "slot 1's client stays");
 }
+
+#[test]
+fn slot_targets_read_back_in_both_families() {
+    let mut v6 = "fd00::1".parse::<std::net::Ipv6Addr>().unwrap().octets().to_vec();
+    v6.extend_from_slice(&[0x1f, 0x90, 0, 0]);
+    assert_eq!(target_of(IpFamily::V6, &v6), Some(("fd00::1".parse().unwrap(), 8080)));
+    assert_eq!(target_of(IpFamily::V4, &[10, 0, 0, 1, 0, 80, 0, 0]), Some(([10, 0, 0, 1].into(), 80)));
+    assert_eq!(target_of(IpFamily::V6, &[10, 0, 0, 1, 0, 80, 0, 0]), None, "too short for IPv6");
+}
