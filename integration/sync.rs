@@ -92,6 +92,18 @@ fn partial_syncs_program_what_a_full_plan_would() {
     });
     check(&mut r, &kernel, "a service added, reusing freed space");
 
+    // svc28 has ClientIP affinity (3 endpoints, 4 slots): outgrowing its slots rewrites its
+    // rules; far fewer endpoints shrink them again.
+    change(&mut r, |s| {
+        s.upsert_slice(cluster::slice(28, 6, 0));
+    });
+    let ops = check(&mut r, &kernel, "an affinity port outgrows its slots");
+    assert!(ops.iter().any(|o| o.starts_with("add rule") && o.contains("/svc28/")), "{ops:#?}");
+    change(&mut r, |s| {
+        s.upsert_slice(cluster::slice(28, 1, 0));
+    });
+    check(&mut r, &kernel, "an affinity port shrinks");
+
     // Two services claiming one ClusterIP (bad input): the first by name wins, and when it
     // goes the other one takes over.
     change(&mut r, |s| {
