@@ -39,7 +39,7 @@ use super::placement::WINDOW;
 /// The `jhash` seed of every affinity rule ("nftp"): any constant does, as long as the record
 /// and the choice use the same one.
 pub(crate) const SEED: u32 = 0x6e66_7470;
-/// Most slot bits: 1023 slots, each endpoint's range at least 1024 numbers wide.
+/// Most slot bits: 1023 slots, each slot's part of the window (M) at least 1024 numbers wide.
 const MAX_BITS: u32 = 10;
 /// Most slots.
 const MAX_SLOTS: usize = (1 << MAX_BITS) - 1;

@@ -6,7 +6,7 @@
 //! - a service port balances with `numgen random mod N offset K` over its window in a few shared
 //!   **named** maps (`dnat ip to numgen random mod N offset K map @endpoints-0`; see
 //!   `placement`), so an endpoint change is element operations, and the kernel neither walks
-//!   anonymous-set bindings nor scans thousands of set names; one endpoint is a plain DNAT;
+//!   anonymous-set bindings nor scans thousands of set names; one endpoint has a window too;
 //! - no per-endpoint chains: session affinity binds endpoints to the slots of a port by map
 //!   elements (see `affinity`), so its endpoint changes are elements too;
 //! - hairpin (a pod reaching itself through its service) is one set lookup in postrouting
