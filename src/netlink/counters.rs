@@ -7,9 +7,8 @@ use std::sync::Arc;
 use nftnl_sys as sys;
 
 use super::NetlinkError;
-use super::decode::a;
-use super::socket::{NLM_F_DUMP, Socket};
-use super::sys::{self as raw, Body, msg};
+use super::decode::{a, dump_elements};
+use super::socket::Socket;
 use crate::net::IpFamily;
 use crate::nft::lower::nfproto;
 use crate::nft::wire::{WireKey, udata};
@@ -45,33 +44,18 @@ pub(super) fn read_counted(
     // Elements of one service port share one comment: parsed once per distinct blob.
     let mut comments: HashMap<Vec<u8>, Option<Arc<str>>> = HashMap::new();
     for set in sets {
-        let mut filter = raw::Set::new()?;
-        filter.set_str(a(sys::NFTNL_SET_TABLE), table)?;
-        filter.set_str(a(sys::NFTNL_SET_NAME), set)?;
-        filter.set_u32(a(sys::NFTNL_SET_FAMILY), u32::from(fam));
         let name: Arc<str> = Arc::from(*set);
-        let dumped = sock.query(msg::GETSETELEM, fam, NLM_F_DUMP, Body::SetElements(&filter), |msg| {
-            let Some(s) = msg.set_elements() else { return Ok(()) };
-            s.for_each_elem(|e| {
-                let (Some(key), Some((packets, _bytes))) = (e.data(a(sys::NFTNL_SET_ELEM_KEY)), e.counter()) else {
-                    return;
-                };
-                let comment = e.data(a(sys::NFTNL_SET_ELEM_USERDATA)).and_then(|u| {
-                    comments
-                        .entry(u)
-                        .or_insert_with_key(|u| udata::find_comment(u, udata::COMMENT).map(Arc::from))
-                        .clone()
-                });
-                let verdict = e.u32(a(sys::NFTNL_SET_ELEM_VERDICT)).map(|code| code as i32);
-                out.push(CountedElement { family, set: Arc::clone(&name), key, comment, verdict, packets });
+        let dumped = dump_elements(sock, fam, table, set, |e| {
+            let (Some(key), Some((packets, _bytes))) = (e.data(a(sys::NFTNL_SET_ELEM_KEY)), e.counter()) else {
+                return;
+            };
+            let comment = e.data(a(sys::NFTNL_SET_ELEM_USERDATA)).and_then(|u| {
+                comments.entry(u).or_insert_with_key(|u| udata::find_comment(u, udata::COMMENT).map(Arc::from)).clone()
             });
-            Ok(())
+            let verdict = e.u32(a(sys::NFTNL_SET_ELEM_VERDICT)).map(|code| code as i32);
+            out.push(CountedElement { family, set: Arc::clone(&name), key, comment, verdict, packets });
         });
-        match dumped {
-            Ok(()) => {}
-            Err(NetlinkError::Dump(e)) if e.raw_os_error() == Some(libc::ENOENT) => {}
-            Err(e) => return Err(e),
-        }
+        absent_is_empty(dumped)?;
     }
     Ok(())
 }
@@ -84,23 +68,20 @@ pub(super) fn read_keys(
     set: &str,
 ) -> Result<Vec<WireKey>, NetlinkError> {
     let fam = u16::try_from(nfproto(family)).unwrap_or(2);
-    let mut filter = raw::Set::new()?;
-    filter.set_str(a(sys::NFTNL_SET_TABLE), table)?;
-    filter.set_str(a(sys::NFTNL_SET_NAME), set)?;
-    filter.set_u32(a(sys::NFTNL_SET_FAMILY), u32::from(fam));
     let mut out = Vec::new();
-    let dumped = sock.query(msg::GETSETELEM, fam, NLM_F_DUMP, Body::SetElements(&filter), |msg| {
-        let Some(s) = msg.set_elements() else { return Ok(()) };
-        s.for_each_elem(|e| {
-            if let Some(key) = e.data(a(sys::NFTNL_SET_ELEM_KEY)) {
-                out.push(WireKey::new(&key));
-            }
-        });
-        Ok(())
+    let dumped = dump_elements(sock, fam, table, set, |e| {
+        if let Some(key) = e.data(a(sys::NFTNL_SET_ELEM_KEY)) {
+            out.push(WireKey::new(&key));
+        }
     });
+    absent_is_empty(dumped)?;
+    Ok(out)
+}
+
+/// A dump of a set or table that does not exist (`ENOENT`) is an empty one.
+fn absent_is_empty(dumped: Result<(), NetlinkError>) -> Result<(), NetlinkError> {
     match dumped {
-        Ok(()) => Ok(out),
-        Err(NetlinkError::Dump(e)) if e.raw_os_error() == Some(libc::ENOENT) => Ok(Vec::new()),
-        Err(e) => Err(e),
+        Err(NetlinkError::Dump(e)) if e.raw_os_error() == Some(libc::ENOENT) => Ok(()),
+        other => other,
     }
 }

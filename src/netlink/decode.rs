@@ -203,48 +203,61 @@ fn read_sets(sock: &mut Socket, fam: u16, wire: &mut WireTable) -> Result<(), Ne
     Ok(())
 }
 
-fn read_elements(sock: &mut Socket, fam: u16, table: &str, set: &mut WireSet) -> Result<(), NetlinkError> {
+/// Dumps the elements of one set (`fam` as the netlink header carries it), calling `each` on
+/// every one.
+pub(super) fn dump_elements(
+    sock: &mut Socket,
+    fam: u16,
+    table: &str,
+    set: &str,
+    mut each: impl FnMut(&raw::SetElemRef<'_>),
+) -> Result<(), NetlinkError> {
     let mut filter = raw::Set::new()?;
     filter.set_str(a(sys::NFTNL_SET_TABLE), table)?;
-    filter.set_str(a(sys::NFTNL_SET_NAME), &set.name)?;
+    filter.set_str(a(sys::NFTNL_SET_NAME), set)?;
     filter.set_u32(a(sys::NFTNL_SET_FAMILY), u32::from(fam));
+    sock.query(msg::GETSETELEM, fam, NLM_F_DUMP, Body::SetElements(&filter), |msg| {
+        if let Some(s) = msg.set_elements() {
+            s.for_each_elem(&mut each);
+        }
+        Ok(())
+    })
+}
+
+fn read_elements(sock: &mut Socket, fam: u16, table: &str, set: &mut WireSet) -> Result<(), NetlinkError> {
     let mut comments: HashMap<Vec<u8>, (Arc<[u8]>, Owner)> = HashMap::new();
     // Collected in the kernel's dump order, then sorted in place: the vector is the set's
     // elements (no second copy, which at a cluster's hundreds of thousands of elements is tens
     // of MB).
     let mut elements: Vec<(WireKey, WireElement)> = Vec::new();
-    sock.query(msg::GETSETELEM, fam, NLM_F_DUMP, Body::SetElements(&filter), |msg| {
-        let Some(s) = msg.set_elements() else { return Ok(()) };
-        s.for_each_elem(|e| {
-            let Some(key) = e.data(a(sys::NFTNL_SET_ELEM_KEY)) else { return };
-            let interval_end = e.u32(a(sys::NFTNL_SET_ELEM_FLAGS)).unwrap_or(0) & ELEM_INTERVAL_END != 0;
-            let data = if let Some(code) = e.u32(a(sys::NFTNL_SET_ELEM_VERDICT)) {
-                WireData::Verdict { code: code as i32, chain: e.str(a(sys::NFTNL_SET_ELEM_CHAIN)) }
-            } else if let Some(d) = e.data(a(sys::NFTNL_SET_ELEM_DATA)) {
-                WireData::Bytes(d.into())
-            } else {
-                WireData::None
-            };
-            // Our element comments name the service port that owns the element; elements of
-            // one service port share one copy of both.
-            let (userdata, owner) = match e.data(a(sys::NFTNL_SET_ELEM_USERDATA)) {
-                Some(u) => {
-                    let (blob, owner) = comments
-                        .entry(u)
-                        .or_insert_with_key(|u| {
-                            let owner = udata::find_comment(u, udata::COMMENT)
-                                .map_or_else(Owner::infrastructure, |c| Owner::from_comment(&c));
-                            (Arc::from(u.as_slice()), owner)
-                        })
-                        .clone();
-                    (Some(blob), owner)
-                }
-                None => (None, Owner::infrastructure()),
-            };
-            let key = WireKey { bytes: key.into(), interval_end };
-            elements.push((key, WireElement { data, userdata, owner }));
-        });
-        Ok(())
+    dump_elements(sock, fam, table, &set.name, |e| {
+        let Some(key) = e.data(a(sys::NFTNL_SET_ELEM_KEY)) else { return };
+        let interval_end = e.u32(a(sys::NFTNL_SET_ELEM_FLAGS)).unwrap_or(0) & ELEM_INTERVAL_END != 0;
+        let data = if let Some(code) = e.u32(a(sys::NFTNL_SET_ELEM_VERDICT)) {
+            WireData::Verdict { code: code as i32, chain: e.str(a(sys::NFTNL_SET_ELEM_CHAIN)) }
+        } else if let Some(d) = e.data(a(sys::NFTNL_SET_ELEM_DATA)) {
+            WireData::Bytes(d.into())
+        } else {
+            WireData::None
+        };
+        // Our element comments name the service port that owns the element; elements of
+        // one service port share one copy of both.
+        let (userdata, owner) = match e.data(a(sys::NFTNL_SET_ELEM_USERDATA)) {
+            Some(u) => {
+                let (blob, owner) = comments
+                    .entry(u)
+                    .or_insert_with_key(|u| {
+                        let owner = udata::find_comment(u, udata::COMMENT)
+                            .map_or_else(Owner::infrastructure, |c| Owner::from_comment(&c));
+                        (Arc::from(u.as_slice()), owner)
+                    })
+                    .clone();
+                (Some(blob), owner)
+            }
+            None => (None, Owner::infrastructure()),
+        };
+        let key = WireKey { bytes: key.into(), interval_end };
+        elements.push((key, WireElement { data, userdata, owner }));
     })?;
     set.elements = SetElements::from_vec(elements);
     Ok(())
