@@ -34,12 +34,12 @@ use crate::netlink::{ApplyStats, Netfilter, NetlinkError};
 use crate::nft::diff::OpKind;
 use crate::nft::diff::{Op, OpTag, diff};
 use crate::nft::lower::{lower_ruleset, lower_table};
-use crate::nft::wire::{WireData, WireKey};
+use crate::nft::wire::{NumgenWindow, WireData, WireKey};
 use crate::nft::wire::{WireRuleset, WireTable, consts};
 use crate::nodeaddr::NodePortTargets;
 use crate::plan::affinity::{AffinityId, AffinitySlots, SlotTarget};
 use crate::plan::objects::MapKind;
-use crate::plan::placement::{Demands, Placement, Slot, SlotFlush, WindowId};
+use crate::plan::placement::{Demands, Placed, Placement, Slot, SlotFlush, WindowId};
 use crate::plan::{self, ConntrackTarget, HealthCheck, PlanInput, PlanStats, SharedSet};
 use delta::{Delta, View};
 use programmed::{Change, Fragments, Programmed, ProgrammedService};
@@ -549,9 +549,8 @@ impl Syncer {
             let (prior, prior_affinity) = if placed_here {
                 (self.placement.windows().collect::<Vec<_>>(), self.placement.affinity_slots().collect::<Vec<_>>())
             } else {
-                let windows = found_windows(&kernel);
-                let affinity = found_affinity(&kernel, &windows);
-                (windows, affinity)
+                let found = found_placement(&kernel);
+                (found.windows, found.affinity)
             };
             let demands = input.state.services().map(|svc| (svc.name.clone(), plan::demands(input, families, svc)));
             let mut placement = Placement::settle(prior, prior_affinity, demands);
@@ -786,71 +785,82 @@ fn slot_deletions(kernel: &mut dyn Netfilter, table: &str, flushes: &[SlotFlush]
     Ok(ops)
 }
 
-/// The endpoint windows nftproxy's rules in the kernel use, so a restarted proxy keeps every
-/// service port where it is.
-fn found_windows(kernel: &WireRuleset) -> Vec<(WindowId, Slot)> {
-    let mut out = Vec::new();
+/// The endpoint windows and affinity slots nftproxy's rules and maps in the kernel use, so a
+/// restarted proxy keeps every service port where it is and every endpoint in its slot (and its
+/// clients with it). Each table's balancing rules are read once for both.
+fn found_placement(kernel: &WireRuleset) -> Placed {
+    let mut out = Placed::default();
     for table in &kernel.tables {
-        for found in table.numgen_windows() {
-            let Some(SharedSet::EndpointMap(kind, shard)) = SharedSet::from_name(&found.map) else { continue };
-            let expected = match kind {
-                MapKind::Targets => found.modulus == plan::placement::WINDOW,
-                MapKind::Affinity => AffinitySlots::is_modulus(found.modulus),
-            };
-            if !expected || found.offset % plan::placement::WINDOW != 0 {
-                continue;
-            }
-            let id = WindowId { family: table.family, kind, chain: found.chain };
-            out.push((id, Slot { shard, offset: found.offset }));
-        }
+        let rules = table.numgen_windows();
+        let windows = found_windows(table.family, &rules);
+        out.affinity.extend(found_affinity(table, &rules, &windows));
+        out.windows.extend(windows);
     }
     out
 }
 
-/// The affinity slots nftproxy's rules and maps in the kernel hold, so a restarted proxy keeps
-/// every endpoint in its slot (and its clients with it): the slot count from a balancing
-/// chain's record rules (one per slot), the bindings from the `affinity-targets-N` maps.
-fn found_affinity(kernel: &WireRuleset, windows: &[(WindowId, Slot)]) -> Vec<(AffinityId, AffinitySlots)> {
+/// The endpoint windows of one table's balancing rules.
+fn found_windows(family: IpFamily, rules: &[NumgenWindow]) -> Vec<(WindowId, Slot)> {
     let mut out = Vec::new();
-    for table in &kernel.tables {
-        let mut records: BTreeMap<&str, usize> = BTreeMap::new();
-        let found = table.numgen_windows();
-        for record in &found {
-            if let Some(SharedSet::SlotWindows(_)) = SharedSet::from_name(&record.map) {
-                *records.entry(record.chain.as_str()).or_default() += 1;
+    for found in rules {
+        let Some(SharedSet::EndpointMap(kind, shard)) = SharedSet::from_name(&found.map) else { continue };
+        let expected = match kind {
+            MapKind::Targets => found.modulus == plan::placement::WINDOW,
+            MapKind::Affinity => AffinitySlots::is_modulus(found.modulus),
+        };
+        if !expected || found.offset % plan::placement::WINDOW != 0 {
+            continue;
+        }
+        let id = WindowId { family, kind, chain: found.chain.clone() };
+        out.push((id, Slot { shard, offset: found.offset }));
+    }
+    out
+}
+
+/// The affinity slots of one table: the slot count from a balancing chain's record rules (one
+/// per slot), the bindings from the `affinity-targets-N` maps.
+fn found_affinity(
+    table: &WireTable,
+    rules: &[NumgenWindow],
+    windows: &[(WindowId, Slot)],
+) -> Vec<(AffinityId, AffinitySlots)> {
+    let mut records: BTreeMap<&str, usize> = BTreeMap::new();
+    for record in rules {
+        if let Some(SharedSet::SlotWindows(_)) = SharedSet::from_name(&record.map) {
+            *records.entry(record.chain.as_str()).or_default() += 1;
+        }
+    }
+    let mut capacity: BTreeMap<String, usize> = BTreeMap::new();
+    for (chain, n) in records {
+        if let Some(base) = port_base(chain) {
+            // The cluster and the local chain of a port have the same slots.
+            let c = capacity.entry(base.to_string()).or_default();
+            *c = (*c).max(n);
+        }
+    }
+    let chain_at: BTreeMap<(u32, u32), &str> = windows
+        .iter()
+        .filter(|(id, _)| id.kind == MapKind::Affinity)
+        .map(|(id, slot)| ((slot.shard, slot.offset), id.chain.as_str()))
+        .collect();
+    let mut bound: BTreeMap<String, Vec<(usize, SlotTarget)>> = BTreeMap::new();
+    for set in table.sets.values() {
+        let Some(SharedSet::SlotTargets(shard)) = SharedSet::from_name(&set.name) else { continue };
+        for (key, element) in set.elements.iter() {
+            let Ok(key) = <[u8; 4]>::try_from(key.bytes.as_slice()).map(u32::from_ne_bytes) else { continue };
+            let (window, j) = AffinitySlots::slot_of_key(key);
+            let Some(base) = chain_at.get(&(shard, window)).and_then(|c| port_base(c)) else { continue };
+            let WireData::Bytes(data) = &element.data else { continue };
+            if let Some(target) = target_of(table.family, data) {
+                bound.entry(base.to_string()).or_default().push((j, target));
             }
         }
-        let mut capacity: BTreeMap<String, usize> = BTreeMap::new();
-        for (chain, n) in records {
-            if let Some(base) = port_base(chain) {
-                // The cluster and the local chain of a port have the same slots.
-                let c = capacity.entry(base.to_string()).or_default();
-                *c = (*c).max(n);
-            }
-        }
-        let chain_at: BTreeMap<(u32, u32), &str> = windows
-            .iter()
-            .filter(|(id, _)| id.family == table.family && id.kind == MapKind::Affinity)
-            .map(|(id, slot)| ((slot.shard, slot.offset), id.chain.as_str()))
-            .collect();
-        let mut bound: BTreeMap<String, Vec<(usize, SlotTarget)>> = BTreeMap::new();
-        for set in table.sets.values() {
-            let Some(SharedSet::SlotTargets(shard)) = SharedSet::from_name(&set.name) else { continue };
-            for (key, element) in set.elements.iter() {
-                let Ok(key) = <[u8; 4]>::try_from(key.bytes.as_slice()).map(u32::from_ne_bytes) else { continue };
-                let (window, j) = AffinitySlots::slot_of_key(key);
-                let Some(base) = chain_at.get(&(shard, window)).and_then(|c| port_base(c)) else { continue };
-                let WireData::Bytes(data) = &element.data else { continue };
-                if let Some(target) = target_of(table.family, data) {
-                    bound.entry(base.to_string()).or_default().push((j, target));
-                }
-            }
-        }
-        for (base, n) in capacity {
-            let bindings = bound.remove(&base).unwrap_or_default();
-            if let Some(slots) = AffinitySlots::found(n, bindings) {
-                out.push((AffinityId { family: table.family, base }, slots));
-            }
+    }
+    let mut out = Vec::new();
+    for (base, n) in capacity {
+        let bindings = bound.remove(&base).unwrap_or_default();
+        if let Some(slots) = AffinitySlots::found(n, bindings) {
+            out.push((AffinityId { family: table.family, base }, slots));
         }
     }
     out

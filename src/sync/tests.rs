@@ -121,7 +121,7 @@ fn windows_found_in_the_kernel_are_read_from_its_balancing_rules() {
     targets.insert(vec![Value::Index(9 * window)], ep(9));
     table.add_set(targets);
     let kernel = lower_ruleset(&Ruleset { tables: vec![table] });
-    let found = found_windows(&kernel);
+    let crate::plan::placement::Placed { windows: found, affinity } = found_placement(&kernel);
     let id = |chain: &str, kind| WindowId { family: IpFamily::V4, kind, chain: chain.to_string() };
     assert_eq!(
         found,
@@ -132,7 +132,6 @@ fn windows_found_in_the_kernel_are_read_from_its_balancing_rules() {
             (id("local-X", MapKind::Affinity), Slot { shard: 1, offset: 2 * window }),
         ]
     );
-    let affinity = found_affinity(&kernel, &found);
     assert_eq!(affinity.len(), 1);
     let (port, slots) = &affinity[0];
     assert_eq!(port.base, "X");
