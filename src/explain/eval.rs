@@ -198,6 +198,31 @@ fn find_element<'s>(set: &'s WireSet, key: &[u8]) -> Option<(&'s WireKey, &'s cr
     }
 }
 
+/// The boundaries an interval set has strictly inside `[lo, lo + width)` (its 4-byte,
+/// big-endian keys), relative to `lo`.
+fn inner_bounds(set: &WireSet, lo: u32, width: u32) -> impl Iterator<Item = u64> + '_ {
+    let (lo, hi) = (u64::from(lo), u64::from(lo) + u64::from(width));
+    set.elements
+        .keys()
+        .filter_map(|k| <[u8; 4]>::try_from(k.bytes.as_slice()).ok())
+        .map(|b| u64::from(u32::from_be_bytes(b)))
+        .filter(move |v| *v > lo && *v < hi)
+        .map(move |v| v - lo)
+}
+
+/// One value per window between `bounds` (relative, inside `0..width`), `base` added, with the
+/// window's share of `width`.
+fn shares(mut bounds: Vec<u64>, width: u32, base: u32) -> Vec<(u32, f64)> {
+    bounds.extend([0, u64::from(width)]);
+    bounds.sort_unstable();
+    bounds.dedup();
+    let total = f64::from(width.max(1));
+    bounds
+        .windows(2)
+        .filter_map(|w| Some((base.checked_add(u32::try_from(w[0]).ok()?)?, (w[1] - w[0]) as f64 / total)))
+        .collect()
+}
+
 /// The interpreter over one table.
 pub(crate) struct Evaluator<'a> {
     table: &'a WireTable,
@@ -424,7 +449,7 @@ impl<'a> Evaluator<'a> {
     /// looks such a hash up in, each boundary taken relative to its rule's offset (the record
     /// rules of affinity slots and the choice split the hash alike).
     fn hash_choices(&self, chain: &str, seed: u32, modulus: u32) -> Vec<(u32, f64)> {
-        let mut bounds: Vec<u64> = vec![0, u64::from(modulus)];
+        let mut bounds: Vec<u64> = Vec::new();
         let rules = self.table.chains.get(chain).map(|c| c.rules.as_slice()).unwrap_or_default();
         for rule in rules {
             for triple in rule.exprs.windows(3) {
@@ -437,24 +462,12 @@ impl<'a> Evaluator<'a> {
                     continue;
                 };
                 let Some(set) = self.table.sets.get(set).filter(|_| *m == modulus && *s == seed) else { continue };
-                if !set.spec.is_interval() {
-                    continue;
+                if set.spec.is_interval() {
+                    bounds.extend(inner_bounds(set, *offset, modulus));
                 }
-                let (lo, hi) = (u64::from(*offset), u64::from(*offset) + u64::from(modulus));
-                bounds.extend(
-                    set.elements
-                        .keys()
-                        .filter_map(|k| <[u8; 4]>::try_from(k.bytes.as_slice()).ok())
-                        .map(|b| u64::from(u32::from_be_bytes(b)))
-                        .filter(|v| *v > lo && *v < hi)
-                        .map(|v| v - lo),
-                );
             }
         }
-        bounds.sort_unstable();
-        bounds.dedup();
-        let total = f64::from(modulus.max(1));
-        bounds.windows(2).filter_map(|w| Some((u32::try_from(w[0]).ok()?, (w[1] - w[0]) as f64 / total))).collect()
+        shares(bounds, modulus, 0)
     }
 
     /// The values a `numgen` result is forked over, with their shares: every value of a small
@@ -473,21 +486,7 @@ impl<'a> Evaluator<'a> {
         if !set.spec.is_interval() || set.spec.key_len != 4 {
             return None;
         }
-        let end = u64::from(offset) + u64::from(modulus);
-        let mut bounds: Vec<u64> = set
-            .elements
-            .keys()
-            .filter_map(|k| <[u8; 4]>::try_from(k.bytes.as_slice()).ok())
-            .map(|b| u64::from(u32::from_be_bytes(b)))
-            .filter(|v| *v > u64::from(offset) && *v < end)
-            .collect();
-        bounds.push(u64::from(offset));
-        bounds.push(end);
-        bounds.sort_unstable();
-        bounds.dedup();
-        Some(
-            bounds.windows(2).filter_map(|w| Some((u32::try_from(w[0]).ok()?, (w[1] - w[0]) as f64 / total))).collect(),
-        )
+        Some(shares(inner_bounds(set, offset, modulus).collect(), modulus, offset))
     }
 
     /// Runs one expression. `Ok(None)`: go on; `Ok(Some(end))`: the rule ends.
