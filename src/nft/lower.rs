@@ -201,7 +201,7 @@ fn lower_stmt(stmt: &Stmt, out: &mut Vec<LowExpr>) {
             out.push(LowExpr::Dynset { op: DYNSET_OP_UPDATE, sreg_key: REG_1, set: set.clone() });
         }
         Stmt::KeyLookup { key, set } => {
-            out.push(LowExpr::Numgen { dreg: REG_1, modulus: 1, kind: NG_INCREMENTAL, offset: *key });
+            out.push(numgen_key(REG_1, *key));
             out.push(LowExpr::Lookup { sreg: REG_1, dreg: None, set: set.clone(), flags: 0 });
         }
         Stmt::HashLookup { family, hash, set } => {
@@ -218,7 +218,7 @@ fn lower_stmt(stmt: &Stmt, out: &mut Vec<LowExpr>) {
         }
         Stmt::DnatKeyMap { family, key, map } => {
             // A hash map compares keys as bytes: the value stays in host order (no byteorder).
-            out.push(LowExpr::Numgen { dreg: REG_1, modulus: 1, kind: NG_INCREMENTAL, offset: *key });
+            out.push(numgen_key(REG_1, *key));
             out.push(LowExpr::Lookup { sreg: REG_1, dreg: Some(REG_1), set: map.clone(), flags: 0 });
             out.push(dnat_from_registers(*family));
         }
@@ -230,7 +230,7 @@ fn lower_stmt(stmt: &Stmt, out: &mut Vec<LowExpr>) {
 /// in the word after it (host order, as numgen writes it).
 fn load_client_slot(family: IpFamily, slot: u32, out: &mut Vec<LowExpr>) {
     let words = load_concat_words(&[Selector::Saddr(family)], out);
-    out.push(LowExpr::Numgen { dreg: register_for_word(words), modulus: 1, kind: NG_INCREMENTAL, offset: slot });
+    out.push(numgen_key(register_for_word(words), slot));
 }
 
 /// `jhash ip saddr . th sport …` into `reg 1`: the source address and port loaded from
@@ -274,6 +274,11 @@ fn hton_u32() -> LowExpr {
 
 fn numgen(modulus: u32, offset: u32) -> LowExpr {
     LowExpr::Numgen { dreg: REG_1, modulus, kind: NG_RANDOM, offset }
+}
+
+/// `numgen inc mod 1 offset K`: always 0 plus K, a constant in a register.
+fn numgen_key(dreg: u32, key: u32) -> LowExpr {
+    LowExpr::Numgen { dreg, modulus: 1, kind: NG_INCREMENTAL, offset: key }
 }
 
 /// `NFPROTO_IPV4` / `NFPROTO_IPV6`.

@@ -61,8 +61,8 @@ pub(crate) struct AffinityDemand {
     pub endpoints: Vec<SlotTarget>,
 }
 
-/// A port's slots and the endpoint bound to each.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// A port's slots and the endpoint bound to each (the default: none).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub(crate) struct AffinitySlots {
     bound: Vec<Option<SlotTarget>>,
 }

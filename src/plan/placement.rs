@@ -285,15 +285,13 @@ impl Placement {
         let slots = AffinitySlots::seat(prior, &demand.endpoints);
         // Without a prior binding every bound slot is new: a set the kernel already holds (found
         // without readable bindings) may have clients in it.
-        let unknown = AffinitySlots::found(slots.capacity(), []);
-        if let Some(prior) = prior.or(unknown.as_ref()) {
-            self.flushes.extend(prior.flushed_by(&slots).into_iter().map(|j| SlotFlush {
-                family: demand.id.family,
-                set: names::affinity_set(&demand.id.base),
-                slot: u32::try_from(j).unwrap_or(u32::MAX),
-                service: service.clone(),
-            }));
-        }
+        let none = AffinitySlots::default();
+        self.flushes.extend(prior.unwrap_or(&none).flushed_by(&slots).into_iter().map(|j| SlotFlush {
+            family: demand.id.family,
+            set: names::affinity_set(&demand.id.base),
+            slot: u32::try_from(j).unwrap_or(u32::MAX),
+            service: service.clone(),
+        }));
         self.affinity.insert(demand.id.clone(), slots);
         self.affinity_of.entry(service.clone()).or_default().push(demand.id.clone());
     }

@@ -432,7 +432,7 @@ impl<'a> PortPlan<'a> {
         );
         let l4proto = Stmt::Cmp { sel: Selector::L4Proto, op: CmpOp::Eq, value: Value::Proto(self.sp.name.protocol) };
         let clients = names::affinity_set(&self.base);
-        let targets = targets_map.name().into_owned();
+        let (targets, windows) = (targets_map.name().into_owned(), windows_map.name().into_owned());
         let slot_number = |j: usize| u32::try_from(j).unwrap_or(u32::MAX);
         for j in 0..seats.capacity() {
             let (slot, key) = (slot_number(j), AffinitySlots::target_key(window.offset, j));
@@ -446,7 +446,7 @@ impl<'a> PortPlan<'a> {
         }
         for j in 0..seats.capacity() {
             chain.push(Rule::new(vec![
-                Stmt::HashLookup { family, hash: seats.record(window.offset, j), set: windows_map.name().into_owned() },
+                Stmt::HashLookup { family, hash: seats.record(window.offset, j), set: windows.clone() },
                 Stmt::UpdateSlot { family, slot: slot_number(j), set: clients.clone() },
             ]));
         }
