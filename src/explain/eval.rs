@@ -264,12 +264,14 @@ impl<'a> Evaluator<'a> {
         for index in start..chain.rules.len() {
             let mut results = self.rule(flow.clone(), name, index);
             // Most rules do not fork: carry on in this loop rather than recursing.
-            if results.len() == 1 && matches!(results[0].2, RuleEnd::NoMatch | RuleEnd::Continue) {
-                let (share, next, _) = results.remove(0);
-                if (share - 1.0).abs() < f64::EPSILON {
-                    flow = next;
-                    continue;
-                }
+            // A whole share (the forks of a `numgen` all ending alike sum to it, give or take
+            // rounding).
+            if results.len() == 1
+                && matches!(results[0].2, RuleEnd::NoMatch | RuleEnd::Continue)
+                && (results[0].0 - 1.0).abs() < 1e-9
+            {
+                flow = results.remove(0).1;
+                continue;
             }
             for (share, next, end) in results {
                 let weight = weight * share;
