@@ -348,7 +348,8 @@ fn a_restart_over_a_stale_ruleset_converges_in_one_transaction() {
     let ops = check(&mut second, &kernel, "restart over a stale ruleset");
     assert_eq!(kernel.lock().applied.len(), 2, "one transaction per sync");
     assert!(ops.iter().any(|o| o.starts_with("delete chain ")), "gone services' chains are deleted: {ops:#?}");
-    assert!(ops.iter().any(|o| o.starts_with("delete element ip nftproxy endpoints-")), "{ops:#?}");
+    assert!(ops.iter().any(|o| o.starts_with("delete element ip nftproxy affinity-endpoints-")), "{ops:#?}");
+    assert!(ops.iter().any(|o| o.starts_with("delete element ip nftproxy local-nodeport-endpoints-")), "{ops:#?}");
     // Nothing is added again that the kernel already held: unchanged services cost nothing.
     assert!(!ops.iter().any(|o| o.contains("service-") && o.contains("/svc3/")), "{ops:#?}");
 

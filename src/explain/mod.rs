@@ -18,7 +18,7 @@ use crate::net::IpFamily;
 use crate::nft::ast::Hook;
 use crate::nft::wire::{WireRuleset, WireTable};
 use crate::plan::objects::{
-    BALANCE_EXTERNAL, BALANCE_NODEPORT, MARK_FOR_MASQUERADE, NO_ENDPOINT_NODEPORTS, NO_ENDPOINT_SERVICES,
+    BALANCE_EXTERNAL, BALANCE_EXTERNAL_NODEPORT, MARK_FOR_MASQUERADE, NO_ENDPOINT_NODEPORTS, NO_ENDPOINT_SERVICES,
 };
 use crate::trace::services::ServiceDirectory;
 use eval::{Branch, ChainEnd, Evaluator, Flow, Packet, Step, Surroundings};
@@ -339,7 +339,10 @@ fn masquerade_reason(path: &[Step], masquerade: bool, verdict: Verdict) -> Optio
         "hairpin: the endpoint is the client itself"
     } else if comment.contains("local traffic") {
         "traffic from the node itself to an external address (Local policy short-circuits it to any endpoint)"
-    } else if step.chain == BALANCE_EXTERNAL || step.chain == BALANCE_NODEPORT || step.chain.starts_with("external-") {
+    } else if step.chain == BALANCE_EXTERNAL
+        || step.chain == BALANCE_EXTERNAL_NODEPORT
+        || step.chain.starts_with("external-")
+    {
         "external traffic with externalTrafficPolicy Cluster (the endpoint may be on another node)"
     } else {
         "a rule asked for it"

@@ -204,3 +204,15 @@ fn a_missing_table_or_mixed_families_are_errors() {
     let c = connection("fd00::1", "172.30.0.42:80", 6, false);
     assert!(matches!(explain(&rules, "nftproxy", "kernel", &locals, &c), Err(ExplainError::Families { .. })));
 }
+
+/// A connection that misses every balancing rule (no endpoint on this node) passes rules whose
+/// `numgen` forks sum to a share of one only up to rounding (mod 6, mod 7): it must still reach
+/// the end of the chain, not vanish.
+#[test]
+fn a_miss_through_every_balancing_rule_reaches_the_chain_end() {
+    let rules = ruleset(EXTERNAL);
+    let e = run(&rules, OUTSIDE, "192.168.99.22:80", 6, false);
+    assert_eq!(verdicts(&e), [Verdict::Drop], "{}", report::to_text(&e));
+    let total: f64 = e.outcomes.iter().map(|o| o.share).sum();
+    assert!((total - 1.0).abs() < 1e-9, "{total}");
+}

@@ -1,10 +1,16 @@
-//! The balancing chains. A service port without session affinity or `externalTrafficPolicy:
-//! Local` has no chain of its own: its addresses are keys of `balanced-service-ips`,
-//! `balanced-external-ips` and `balanced-nodeports`, and its endpoints elements of the map for
-//! its endpoint count, `service-endpoints-N` (`nodeport-endpoints-N`), keyed by the packet's
-//! own address, protocol and port and an index `0..N`. One rule per endpoint count in use
-//! picks the index with `numgen random mod N` and DNATs to what the map holds for the packet;
-//! a miss (the packet's service has another count) falls through to the next rule.
+//! The balancing chains. A service port without session affinity has no chain of its own: its
+//! addresses are keys of the `balanced-…` sets, and its endpoints elements of the map for their
+//! count, `service-endpoints-N` (`nodeport-endpoints-N`), keyed by the packet's own address,
+//! protocol and port and an index `0..N`. One rule per endpoint count in use picks the index
+//! with `numgen random mod N` and DNATs to what the map holds for the packet; a miss (the
+//! packet's service has another count) falls through to the next rule.
+//!
+//! `externalTrafficPolicy: Local` is data too: an external address (node port) of such a port
+//! is a key of `balanced-local-ips` (`balanced-local-nodeports`), its cluster-wide endpoints are
+//! in `service-endpoints-N` (`nodeport-endpoints-N`) under that key, for the pods and the node
+//! the infrastructure's `balance-external-local…` chains short-circuit to them, and this node's
+//! endpoints in `local-endpoints-N` (`local-nodeport-endpoints-N`), balanced by `balance-local`
+//! (`balance-local-nodeport`) for everyone else.
 //!
 //! So adding or removing an endpoint, or a whole service, is element operations only: no rule,
 //! chain or `goto` changes, and no verdict-map element, the changes after which the kernel
@@ -18,9 +24,10 @@ use super::{jump, port_key, service_key};
 use crate::net::IpFamily;
 use crate::nft::*;
 
-/// The three balancing chains of a family's table: rules for the preset endpoint counts and
-/// for the balancing maps in `maps` (which may name other sets: they are ignored).
-pub(crate) fn chains(family: IpFamily, maps: impl IntoIterator<Item = SharedSet>) -> [Chain; 3] {
+/// The balancing chains of a family's table: rules for the preset endpoint counts and for the
+/// balancing maps in `maps` (which may name other sets: they are ignored). Their rules depend on
+/// nothing else, so the syncer can tell the kernel's from the maps it holds.
+pub(crate) fn chains(family: IpFamily, maps: impl IntoIterator<Item = SharedSet>) -> [Chain; 6] {
     let infra = Owner::infrastructure;
     let preset = BalanceMap::ALL.into_iter().flat_map(|map| (1..=BalanceMap::PRESET).map(move |n| (map, n)));
     let mut counts: Vec<(BalanceMap, u32)> = maps
@@ -34,27 +41,40 @@ pub(crate) fn chains(family: IpFamily, maps: impl IntoIterator<Item = SharedSet>
     counts.sort_unstable();
     counts.dedup();
     let dnat = |map: BalanceMap, n: u32| {
-        let key = match map {
-            BalanceMap::Service => service_key(family),
-            BalanceMap::Nodeport => port_key(),
-        };
+        let key = if map.by_nodeport() { port_key() } else { service_key(family) };
         let map = SharedSet::Balance(map, n).name().into_owned();
         Rule::new(vec![Stmt::DnatBalanceMap { family, key, modulus: n, map }])
     };
+    // Masquerade, then the cluster-wide endpoints: upstream's external chain under the Cluster
+    // policy.
+    let masquerade_then = |name: &str, target: &str| {
+        let mut chain = Chain::regular(name, infra());
+        chain.push(Rule::new(vec![jump(MARK_FOR_MASQUERADE)]));
+        chain.push(Rule::new(vec![Stmt::Verdict(Verdict::Goto(target.to_string()))]));
+        chain
+    };
 
     let mut service = Chain::regular(BALANCE_SERVICE, infra());
-    let mut external = Chain::regular(BALANCE_EXTERNAL, infra());
-    external.push(Rule::new(vec![jump(MARK_FOR_MASQUERADE)]));
-    external.push(Rule::new(vec![Stmt::Verdict(Verdict::Goto(BALANCE_SERVICE.to_string()))]));
     let mut nodeport = Chain::regular(BALANCE_NODEPORT, infra());
-    nodeport.push(Rule::new(vec![jump(MARK_FOR_MASQUERADE)]));
+    let mut local = Chain::regular(BALANCE_LOCAL, infra());
+    let mut local_nodeport = Chain::regular(BALANCE_LOCAL_NODEPORT, infra());
     for (map, n) in counts {
-        match map {
-            BalanceMap::Service => service.push(dnat(map, n)),
-            BalanceMap::Nodeport => nodeport.push(dnat(map, n)),
-        }
+        let chain = match map {
+            BalanceMap::Service => &mut service,
+            BalanceMap::Nodeport => &mut nodeport,
+            BalanceMap::Local => &mut local,
+            BalanceMap::LocalNodeport => &mut local_nodeport,
+        };
+        chain.push(dnat(map, n));
     }
-    [service, external, nodeport]
+    [
+        service,
+        masquerade_then(BALANCE_EXTERNAL, BALANCE_SERVICE),
+        nodeport,
+        masquerade_then(BALANCE_EXTERNAL_NODEPORT, BALANCE_NODEPORT),
+        local,
+        local_nodeport,
+    ]
 }
 
 /// Rewrites a merged table's balancing chains for the balancing maps it holds.
@@ -78,7 +98,7 @@ mod tests {
             SharedSet::Balance(BalanceMap::Service, 2),
             SharedSet::Balance(BalanceMap::Nodeport, 3),
         ];
-        let [service, external, nodeport] = chains(IpFamily::V4, maps);
+        let [service, external, nodeport, external_nodeport, local, local_nodeport] = chains(IpFamily::V4, maps);
         let text = |c: &Chain| c.rules.iter().map(|r| r.to_string()).collect::<Vec<_>>();
         let service_rule = |n: u32| {
             format!("dnat ip to ip daddr . meta l4proto . th dport . numgen random mod {n} map @service-endpoints-{n}")
@@ -87,9 +107,19 @@ mod tests {
         want.push(service_rule(big));
         assert_eq!(text(&service), want, "the preset counts, then the one in use, once each");
         assert_eq!(text(&external), vec!["jump mark-for-masquerade", "goto balance-service"]);
+        assert_eq!(text(&external_nodeport), vec!["jump mark-for-masquerade", "goto balance-nodeport"]);
         let nodeport = text(&nodeport);
-        assert_eq!(nodeport.len(), 1 + BalanceMap::PRESET as usize);
-        assert_eq!(nodeport[0], "jump mark-for-masquerade");
-        assert_eq!(nodeport[3], "dnat ip to meta l4proto . th dport . numgen random mod 3 map @nodeport-endpoints-3");
+        assert_eq!(nodeport.len(), BalanceMap::PRESET as usize);
+        assert_eq!(nodeport[2], "dnat ip to meta l4proto . th dport . numgen random mod 3 map @nodeport-endpoints-3");
+        let local = text(&local);
+        assert_eq!(
+            local[0],
+            "dnat ip to ip daddr . meta l4proto . th dport . numgen random mod 1 map @local-endpoints-1"
+        );
+        let local_nodeport = text(&local_nodeport);
+        assert_eq!(
+            local_nodeport[1],
+            "dnat ip to meta l4proto . th dport . numgen random mod 2 map @local-nodeport-endpoints-2"
+        );
     }
 }

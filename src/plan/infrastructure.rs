@@ -172,6 +172,7 @@ pub(super) fn table(family: IpFamily, input: &PlanInput<'_>) -> Table {
     };
     services.push(balanced(service_key(family), BALANCED_SERVICE_IPS, BALANCE_SERVICE));
     services.push(balanced(service_key(family), BALANCED_EXTERNAL_IPS, BALANCE_EXTERNAL));
+    services.push(balanced(service_key(family), BALANCED_LOCAL_IPS, BALANCE_EXTERNAL_LOCAL));
     // Last in `services`, so a goto is as good as a jump; the guard (a fib lookup when every
     // local address takes node ports) is evaluated once for both kinds of node port.
     let mut stmts = nodeport_guard(family);
@@ -180,10 +181,35 @@ pub(super) fn table(family: IpFamily, input: &PlanInput<'_>) -> Table {
     t.add_chain(services);
     let mut c = Chain::regular(NODEPORTS, infra());
     c.push(Rule::new(vec![Stmt::Vmap { key: port_key(), map: SERVICE_NODEPORTS.into() }]));
-    c.push(balanced(port_key(), BALANCED_NODEPORTS, BALANCE_NODEPORT));
+    c.push(balanced(port_key(), BALANCED_NODEPORTS, BALANCE_EXTERNAL_NODEPORT));
+    c.push(balanced(port_key(), BALANCED_LOCAL_NODEPORTS, BALANCE_EXTERNAL_LOCAL_NODEPORT));
     t.add_chain(c);
     for chain in super::balance::chains(family, []) {
         t.add_chain(chain);
+    }
+    // `externalTrafficPolicy: Local`, upstream's external chain for that policy with the
+    // service's chains replaced by the shared balancing chains: pods and the node reach any
+    // endpoint (the node masqueraded, as its source would be the external address itself);
+    // everyone else this node's endpoints, keeping the client's address. No endpoint here: the
+    // last `goto` finds no element and the address's no-endpoint verdict (`drop`) follows.
+    let pods = local_match(family, input, false);
+    for (name, cluster, local) in [
+        (BALANCE_EXTERNAL_LOCAL, BALANCE_SERVICE, BALANCE_LOCAL),
+        (BALANCE_EXTERNAL_LOCAL_NODEPORT, BALANCE_NODEPORT, BALANCE_LOCAL_NODEPORT),
+    ] {
+        let mut c = Chain::regular(name, infra());
+        if let Some(pods) = pods.clone() {
+            c.push(Rule::new(vec![pods, goto(cluster)]).with_comment("short-circuit pod traffic"));
+        }
+        c.push(
+            Rule::new(vec![Stmt::FibLocal(FibAddr::Saddr), jump(MARK_FOR_MASQUERADE)])
+                .with_comment("masquerade local traffic"),
+        );
+        c.push(
+            Rule::new(vec![Stmt::FibLocal(FibAddr::Saddr), goto(cluster)]).with_comment("short-circuit local traffic"),
+        );
+        c.push(Rule::new(vec![goto(local)]));
+        t.add_chain(c);
     }
     let mut c = Chain::regular(SERVICE_ENDPOINTS_CHECK, infra());
     c.push(Rule::new(vec![Stmt::Vmap { key: service_key(family), map: NO_ENDPOINT_SERVICES.into() }]));

@@ -20,6 +20,8 @@ pub(crate) const CLUSTER_CIDRS: &str = "cluster-cidrs";
 pub(crate) const BALANCED_SERVICE_IPS: &str = "balanced-service-ips";
 pub(crate) const BALANCED_EXTERNAL_IPS: &str = "balanced-external-ips";
 pub(crate) const BALANCED_NODEPORTS: &str = "balanced-nodeports";
+pub(crate) const BALANCED_LOCAL_IPS: &str = "balanced-local-ips";
+pub(crate) const BALANCED_LOCAL_NODEPORTS: &str = "balanced-local-nodeports";
 // ServiceCIDR (issue 14): the ranges of the ServiceCIDR objects.
 pub(crate) const SERVICE_CIDRS: &str = "service-cidrs";
 
@@ -35,6 +37,11 @@ pub(crate) const NODEPORTS: &str = "nodeports";
 pub(crate) const BALANCE_SERVICE: &str = "balance-service";
 pub(crate) const BALANCE_EXTERNAL: &str = "balance-external";
 pub(crate) const BALANCE_NODEPORT: &str = "balance-nodeport";
+pub(crate) const BALANCE_EXTERNAL_NODEPORT: &str = "balance-external-nodeport";
+pub(crate) const BALANCE_LOCAL: &str = "balance-local";
+pub(crate) const BALANCE_LOCAL_NODEPORT: &str = "balance-local-nodeport";
+pub(crate) const BALANCE_EXTERNAL_LOCAL: &str = "balance-external-local";
+pub(crate) const BALANCE_EXTERNAL_LOCAL_NODEPORT: &str = "balance-external-local-nodeport";
 
 /// What a shared endpoint map holds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -78,10 +85,17 @@ pub(crate) enum BalanceMap {
     Service,
     /// `nodeport-endpoints-N`: protocol . node port . index → endpoint.
     Nodeport,
+    /// `local-endpoints-N`: the external addresses of ports with `externalTrafficPolicy:
+    /// Local`, keyed as `Service`, to this node's endpoints.
+    Local,
+    /// `local-nodeport-endpoints-N`: their node ports, keyed as `Nodeport`, to this node's
+    /// endpoints.
+    LocalNodeport,
 }
 
 impl BalanceMap {
-    pub(crate) const ALL: [BalanceMap; 2] = [BalanceMap::Service, BalanceMap::Nodeport];
+    pub(crate) const ALL: [BalanceMap; 4] =
+        [BalanceMap::Service, BalanceMap::Nodeport, BalanceMap::Local, BalanceMap::LocalNodeport];
 
     /// Endpoint counts whose maps (and rules) exist whatever the cluster holds, so a service
     /// port whose count changes within them changes elements only. A new map costs more than
@@ -94,7 +108,14 @@ impl BalanceMap {
         match self {
             BalanceMap::Service => "service-endpoints-",
             BalanceMap::Nodeport => "nodeport-endpoints-",
+            BalanceMap::Local => "local-endpoints-",
+            BalanceMap::LocalNodeport => "local-nodeport-endpoints-",
         }
+    }
+
+    /// Whether the map is keyed by a node port (protocol . port), not an address.
+    pub(crate) fn by_nodeport(self) -> bool {
+        matches!(self, BalanceMap::Nodeport | BalanceMap::LocalNodeport)
     }
 }
 
@@ -134,8 +155,14 @@ pub(crate) enum SharedSet {
     BalancedServiceIps,
     /// `balanced-external-ips`: external and LoadBalancer IPs balanced by `balance-external`.
     BalancedExternalIps,
-    /// `balanced-nodeports`: node ports balanced by `balance-nodeport`.
+    /// `balanced-nodeports`: node ports balanced by `balance-external-nodeport`.
     BalancedNodeports,
+    /// `balanced-local-ips`: external and LoadBalancer IPs of ports with
+    /// `externalTrafficPolicy: Local`, balanced by `balance-external-local`.
+    BalancedLocalIps,
+    /// `balanced-local-nodeports`: their node ports, balanced by
+    /// `balance-external-local-nodeport`.
+    BalancedLocalNodeports,
     /// `service-endpoints-N` / `nodeport-endpoints-N`: the endpoints of every balanced service
     /// address (node port) that has N of them, by index `0..N`. Created with the table for
     /// counts up to [`BalanceMap::PRESET`], else while it holds any.
@@ -144,7 +171,7 @@ pub(crate) enum SharedSet {
 
 impl SharedSet {
     /// The sets and maps of the infrastructure that services write into.
-    pub(crate) const SERVICE_WRITTEN: [SharedSet; 10] = [
+    pub(crate) const SERVICE_WRITTEN: [SharedSet; 12] = [
         SharedSet::ClusterIps,
         SharedSet::FirewallIps,
         SharedSet::NoEndpointNodeports,
@@ -154,6 +181,8 @@ impl SharedSet {
         SharedSet::BalancedServiceIps,
         SharedSet::BalancedExternalIps,
         SharedSet::BalancedNodeports,
+        SharedSet::BalancedLocalIps,
+        SharedSet::BalancedLocalNodeports,
         SharedSet::Hairpin,
     ];
 
@@ -172,6 +201,8 @@ impl SharedSet {
             SharedSet::BalancedServiceIps => BALANCED_SERVICE_IPS,
             SharedSet::BalancedExternalIps => BALANCED_EXTERNAL_IPS,
             SharedSet::BalancedNodeports => BALANCED_NODEPORTS,
+            SharedSet::BalancedLocalIps => BALANCED_LOCAL_IPS,
+            SharedSet::BalancedLocalNodeports => BALANCED_LOCAL_NODEPORTS,
             SharedSet::ServiceCidrs => SERVICE_CIDRS,
             SharedSet::EndpointMap(kind, n) => return Cow::Owned(format!("{}{n}", kind.prefix())),
             SharedSet::SlotWindows(n) => return Cow::Owned(format!("{SLOT_WINDOWS}{n}")),
@@ -195,6 +226,8 @@ impl SharedSet {
             SharedSet::BalancedServiceIps,
             SharedSet::BalancedExternalIps,
             SharedSet::BalancedNodeports,
+            SharedSet::BalancedLocalIps,
+            SharedSet::BalancedLocalNodeports,
             SharedSet::ServiceCidrs,
         ];
         if let Some(s) = fixed.into_iter().find(|s| s.name() == name) {
@@ -237,10 +270,12 @@ impl SharedSet {
             SharedSet::FirewallIps | SharedSet::NoEndpointServices | SharedSet::ServiceIps => {
                 SetShape::ServiceVerdicts(family)
             }
-            SharedSet::BalancedServiceIps | SharedSet::BalancedExternalIps => SetShape::ServiceKeys(family),
-            SharedSet::BalancedNodeports => SetShape::PortKeys,
-            SharedSet::Balance(BalanceMap::Service, _) => SetShape::ServiceEndpoints(family),
-            SharedSet::Balance(BalanceMap::Nodeport, _) => SetShape::NodeportEndpoints(family),
+            SharedSet::BalancedServiceIps | SharedSet::BalancedExternalIps | SharedSet::BalancedLocalIps => {
+                SetShape::ServiceKeys(family)
+            }
+            SharedSet::BalancedNodeports | SharedSet::BalancedLocalNodeports => SetShape::PortKeys,
+            SharedSet::Balance(map, _) if map.by_nodeport() => SetShape::NodeportEndpoints(family),
+            SharedSet::Balance(_, _) => SetShape::ServiceEndpoints(family),
             SharedSet::NoEndpointNodeports | SharedSet::ServiceNodeports => SetShape::PortVerdicts,
             SharedSet::Hairpin => SetShape::AddressPairs(family),
             SharedSet::ClusterCidrs | SharedSet::ServiceCidrs => SetShape::Prefixes(family),
@@ -272,12 +307,24 @@ impl SharedSet {
             SharedSet::SlotTargets(_) => "affinity slots: the endpoint each slot is bound to",
             SharedSet::BalancedServiceIps => "ClusterIP traffic balanced by balance-service",
             SharedSet::BalancedExternalIps => "ExternalIP and LoadBalancer IP traffic balanced by balance-external",
-            SharedSet::BalancedNodeports => "NodePort traffic balanced by balance-nodeport",
+            SharedSet::BalancedNodeports => "NodePort traffic balanced by balance-external-nodeport",
+            SharedSet::BalancedLocalIps => {
+                "ExternalIP and LoadBalancer IP traffic with externalTrafficPolicy Local, balanced by balance-external-local"
+            }
+            SharedSet::BalancedLocalNodeports => {
+                "NodePort traffic with externalTrafficPolicy Local, balanced by balance-external-local-nodeport"
+            }
             SharedSet::Balance(BalanceMap::Service, n) => {
                 return Cow::Owned(format!("balanced service addresses with {n} endpoints, by numgen index"));
             }
             SharedSet::Balance(BalanceMap::Nodeport, n) => {
                 return Cow::Owned(format!("balanced node ports with {n} endpoints, by numgen index"));
+            }
+            SharedSet::Balance(BalanceMap::Local, n) => {
+                return Cow::Owned(format!("external addresses with {n} endpoints on this node, by numgen index"));
+            }
+            SharedSet::Balance(BalanceMap::LocalNodeport, n) => {
+                return Cow::Owned(format!("node ports with {n} endpoints on this node, by numgen index"));
             }
         })
     }
@@ -294,6 +341,8 @@ impl SharedSet {
                 | SharedSet::BalancedExternalIps
                 | SharedSet::ServiceNodeports
                 | SharedSet::BalancedNodeports
+                | SharedSet::BalancedLocalIps
+                | SharedSet::BalancedLocalNodeports
                 | SharedSet::NoEndpointServices
                 | SharedSet::NoEndpointNodeports
         )
@@ -324,6 +373,7 @@ mod tests {
             .chain([SharedSet::EndpointMap(MapKind::Targets, 12), SharedSet::EndpointMap(MapKind::Affinity, 0)])
             .chain([SharedSet::SlotWindows(3), SharedSet::SlotTargets(0)])
             .chain([SharedSet::Balance(BalanceMap::Service, 1), SharedSet::Balance(BalanceMap::Nodeport, 250)])
+            .chain([SharedSet::Balance(BalanceMap::Local, 2), SharedSet::Balance(BalanceMap::LocalNodeport, 17)])
         {
             assert_eq!(SharedSet::from_name(&set.name()), Some(set), "{set}");
         }

@@ -40,10 +40,10 @@ pub(super) struct PortPlan<'a> {
 }
 
 /// Whether the port is balanced by the shared balancing chains, with no chain of its own: all
-/// but session affinity (per-client state) and `externalTrafficPolicy: Local` on an
-/// externally reachable port (which tells pods and the node apart from other sources).
+/// but session affinity (per-client state). `externalTrafficPolicy: Local` is balanced too, by
+/// the shared chains that tell pods and the node apart from other sources.
 pub(super) fn balanced(sp: &ServicePort) -> bool {
-    sp.session_affinity_secs.is_none() && !sp.external_local()
+    sp.session_affinity_secs.is_none()
 }
 
 /// Whether a chain balancing over `n` endpoints uses a window of an endpoint map: whenever it
@@ -181,7 +181,9 @@ impl<'a> PortPlan<'a> {
             sp.load_balancer_ips.iter().copied().filter(|ip| IpFamily::of(ip) == family).collect();
         for ip in external_ips.iter().chain(lb_ips.iter()) {
             let key = vec![Value::Addr(*ip), proto.clone(), port.clone()];
-            if balanced && has_external {
+            if balanced && external_local {
+                self.write_balanced_local(table, SharedSet::BalancedLocalIps, &key, &owner, &comment);
+            } else if balanced && has_external {
                 self.write_balanced(table, SharedSet::BalancedExternalIps, key.clone(), &cat.cluster, &owner, &comment);
             } else if cat.has_any && !balanced {
                 add(table, SharedSet::ServiceIps, key.clone(), element(Verdict::Goto(external_chain.clone())));
@@ -234,7 +236,9 @@ impl<'a> PortPlan<'a> {
         // NodePort
         if let Some(node_port) = sp.node_port {
             let key = vec![proto.clone(), Value::Port(node_port)];
-            if balanced && has_external {
+            if balanced && external_local {
+                self.write_balanced_local(table, SharedSet::BalancedLocalNodeports, &key, &owner, &comment);
+            } else if balanced && has_external {
                 self.write_balanced(table, SharedSet::BalancedNodeports, key.clone(), &cat.cluster, &owner, &comment);
             } else if cat.has_any && !balanced {
                 add(table, SharedSet::ServiceNodeports, key.clone(), element(Verdict::Goto(external_chain.clone())));
@@ -301,27 +305,38 @@ impl<'a> PortPlan<'a> {
         owner: &Owner,
         comment: &Arc<str>,
     ) {
-        let Ok(n) = u32::try_from(endpoints.len()) else { return };
-        if n == 0 {
+        if endpoints.is_empty() {
             return;
         }
-        let map = match keys {
-            SharedSet::BalancedNodeports => BalanceMap::Nodeport,
-            _ => BalanceMap::Service,
-        };
-        for (i, ep) in (0..n).zip(endpoints) {
-            // Exact capacity: a clone then a push would double it, for every endpoint.
-            let mut indexed = Vec::with_capacity(key.len() + 1);
-            indexed.extend_from_slice(&key);
-            indexed.push(Value::Index(i));
-            let target = vec![Value::Addr(ep.ip), Value::Port(ep.port)];
-            table.add(
-                SharedSet::Balance(map, n),
-                indexed,
-                Element::values(target, owner.clone()).with_comment(Arc::clone(comment)),
-            );
-        }
+        let map = if keys == SharedSet::BalancedNodeports { BalanceMap::Nodeport } else { BalanceMap::Service };
+        balance(table, map, &key, endpoints, owner, comment);
         table.add(keys, key, Element::key_only(owner.clone()).with_comment(Arc::clone(comment)));
+    }
+
+    /// An external address (node port) with `externalTrafficPolicy: Local`: its key in `keys`
+    /// (`balanced-local-ips`, `balanced-local-nodeports`) whenever the port has endpoints
+    /// anywhere (pods and the node are short-circuited to them), the cluster-wide endpoints in
+    /// the map `balance-service` (`balance-nodeport`) reads, and this node's in the one
+    /// `balance-local` (`balance-local-nodeport`) reads.
+    fn write_balanced_local(
+        &self,
+        table: &mut Fragment,
+        keys: SharedSet,
+        key: &[Value],
+        owner: &Owner,
+        comment: &Arc<str>,
+    ) {
+        if !self.cat.has_any {
+            return;
+        }
+        let (cluster, local) = if keys == SharedSet::BalancedLocalNodeports {
+            (BalanceMap::Nodeport, BalanceMap::LocalNodeport)
+        } else {
+            (BalanceMap::Service, BalanceMap::Local)
+        };
+        balance(table, cluster, key, &self.cat.cluster, owner, comment);
+        balance(table, local, key, &self.cat.local, owner, comment);
+        table.add(keys, key.to_vec(), Element::key_only(owner.clone()).with_comment(Arc::clone(comment)));
     }
 
     /// The window of a balancing chain over `n` endpoints; `None` when `n` needs none. A window
@@ -467,5 +482,32 @@ impl<'a> PortPlan<'a> {
             let key = AffinitySlots::target_key(window.offset, j);
             table.add(targets_map, vec![Value::Index(key)], element(Element::values(target(), owner.clone())));
         }
+    }
+}
+
+/// `endpoints` by index under `key` in the balancing map of `map`'s kind for their count.
+fn balance(
+    table: &mut Fragment,
+    map: BalanceMap,
+    key: &[Value],
+    endpoints: &[Endpoint],
+    owner: &Owner,
+    comment: &Arc<str>,
+) {
+    let Ok(n) = u32::try_from(endpoints.len()) else { return };
+    if n == 0 {
+        return;
+    }
+    for (i, ep) in (0..n).zip(endpoints) {
+        // Exact capacity: a clone then a push would double it, for every endpoint.
+        let mut indexed = Vec::with_capacity(key.len() + 1);
+        indexed.extend_from_slice(key);
+        indexed.push(Value::Index(i));
+        let target = vec![Value::Addr(ep.ip), Value::Port(ep.port)];
+        table.add(
+            SharedSet::Balance(map, n),
+            indexed,
+            Element::values(target, owner.clone()).with_comment(Arc::clone(comment)),
+        );
     }
 }
