@@ -3,12 +3,14 @@
 //! The semantics are upstream kube-proxy's nftables mode; the shape is chosen for the kernel's
 //! cost (see the README's Performance section):
 //! - dispatch is one lookup in typed verdict maps (`service-ips`, `service-nodeports`);
-//! - a service port balances with `numgen random mod N offset K` over its window in a few shared
-//!   **named** maps (`dnat ip to numgen random mod N offset K map @endpoints-0`; see
-//!   `placement`), so an endpoint change is element operations, and the kernel neither walks
-//!   anonymous-set bindings nor scans thousands of set names; one endpoint has a window too;
-//! - no per-endpoint chains: session affinity binds endpoints to the slots of a port by map
-//!   elements (see `affinity`), so its endpoint changes are elements too;
+//! - a service port without session affinity has no chain: its addresses are keys of the
+//!   `balanced-…` sets and its endpoints elements of shared maps for their count
+//!   (`service-endpoints-N`, `local-endpoints-N` for `externalTrafficPolicy: Local`; see
+//!   `balance`), so adding or removing a service or an endpoint is element operations, and the
+//!   kernel neither validates its chains again nor scans thousands of set names;
+//! - a port with session affinity has its chain, balancing over its window of shared named
+//!   maps (see `placement`), and binds endpoints to its slots by map elements (see `affinity`),
+//!   so its endpoint changes are elements too; no per-endpoint chains;
 //! - hairpin (a pod reaching itself through its service) is one set lookup in postrouting
 //!   instead of a rule per endpoint;
 //! - masquerading ClusterIP traffic from outside the cluster is one rule in `services` instead

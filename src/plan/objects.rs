@@ -46,7 +46,9 @@ pub(crate) const BALANCE_EXTERNAL_LOCAL_NODEPORT: &str = "balance-external-local
 /// What a shared endpoint map holds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub(crate) enum MapKind {
-    /// `endpoints-N`: numgen range → endpoint address and port (DNAT targets).
+    /// `endpoints-N`: numgen range → endpoint address and port. Only rulesets of earlier
+    /// versions have it (their `externalTrafficPolicy: Local` chains): known by name so that
+    /// a restart over such a ruleset reads its windows and deletes the map.
     Targets,
     /// `affinity-endpoints-N`: hash range → endpoint address and port, for the service ports
     /// with session affinity; beside it `affinity-windows-N` and `affinity-targets-N` hold

@@ -114,12 +114,7 @@ pub(crate) struct SlotFlush {
     pub service: NamespacedName,
 }
 
-/// The ranges `n` endpoints get in a window at `offset`: `(first, last)` per endpoint.
-pub(crate) fn ranges(offset: u32, n: u32) -> Vec<(u32, u32)> {
-    ranges_in(offset, n, WINDOW)
-}
-
-/// The ranges `n` endpoints get in `width` numbers at `offset`.
+/// The ranges `n` endpoints get in `width` numbers at `offset`: `(first, last)` per endpoint.
 pub(crate) fn ranges_in(offset: u32, n: u32, width: u32) -> Vec<(u32, u32)> {
     let n = n.clamp(1, width.max(1));
     let (width, extra) = (width / n, width % n);
@@ -403,7 +398,7 @@ mod tests {
 
     #[test]
     fn ranges_split_a_window_evenly() {
-        let r = ranges(WINDOW, 3);
+        let r = ranges_in(WINDOW, 3, WINDOW);
         assert_eq!(r.len(), 3);
         assert_eq!(r[0].0, WINDOW);
         assert_eq!(r[2].1, 2 * WINDOW - 1);
@@ -412,7 +407,7 @@ mod tests {
         }
         let sizes: Vec<u32> = r.iter().map(|(a, b)| b - a + 1).collect();
         assert!(sizes.iter().max().unwrap() - sizes.iter().min().unwrap() <= 1, "{sizes:?}");
-        assert_eq!(ranges(0, 1), vec![(0, WINDOW - 1)]);
+        assert_eq!(ranges_in(0, 1, WINDOW), vec![(0, WINDOW - 1)]);
     }
 
     #[test]

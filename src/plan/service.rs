@@ -75,10 +75,6 @@ impl<'a> PortPlan<'a> {
         !self.cat.local.is_empty() && self.sp.uses_local_endpoints()
     }
 
-    fn map_kind(&self) -> MapKind {
-        if self.sp.session_affinity_secs.is_some() { MapKind::Affinity } else { MapKind::Targets }
-    }
-
     fn balanced(&self) -> bool {
         balanced(self.sp)
     }
@@ -88,7 +84,7 @@ impl<'a> PortPlan<'a> {
         if self.balanced() {
             return;
         }
-        let kind = self.map_kind();
+        let kind = MapKind::Affinity;
         let mut demand = |chain: String, n: usize| {
             if windowed(n) {
                 let id = WindowId { family: self.family, kind, chain };
@@ -256,10 +252,10 @@ impl<'a> PortPlan<'a> {
         // Policy chains first, so the external chain's gotos point at existing names.
         let affinity = sp.session_affinity_secs;
         if uses_cluster_chain {
-            self.write_policy_chain(table, slots, &cluster_chain, &cat.cluster, &owner, &comment);
+            self.write_affinity_chain(table, slots, &cluster_chain, &cat.cluster, &owner, &comment);
         }
         if uses_local_chain {
-            self.write_policy_chain(table, slots, &local_chain, &cat.local, &owner, &comment);
+            self.write_affinity_chain(table, slots, &local_chain, &cat.local, &owner, &comment);
         }
         if uses_external_chain {
             let mut ext = Chain::regular(&external_chain, owner.clone());
@@ -346,7 +342,7 @@ impl<'a> PortPlan<'a> {
         if !windowed(n) {
             return None;
         }
-        let id = WindowId { family: self.family, kind: self.map_kind(), chain: chain.to_string() };
+        let id = WindowId { family: self.family, kind: MapKind::Affinity, chain: chain.to_string() };
         let slot = slots.slot(&id);
         if slot.is_none() {
             tracing::error!(chain, "no endpoint window placed for a balancing chain; using its first endpoint");
@@ -362,9 +358,9 @@ impl<'a> PortPlan<'a> {
         ]
     }
 
-    /// A chain balancing over `endpoints`: numgen over the port's window of a shared DNAT map;
-    /// with ClientIP affinity, the port's slots (see [`super::affinity`]).
-    fn write_policy_chain(
+    /// A chain balancing over `endpoints` with ClientIP affinity: the port's slots (see
+    /// [`super::affinity`]). Only such ports have chains of their own.
+    fn write_affinity_chain(
         &self,
         table: &mut Fragment,
         slots: &dyn SlotLookup,
@@ -373,32 +369,8 @@ impl<'a> PortPlan<'a> {
         owner: &Owner,
         comment: &Arc<str>,
     ) {
-        let family = self.family;
         let mut chain = Chain::regular(chain_name, owner.clone());
-        let n = u32::try_from(endpoints.len()).unwrap_or(u32::MAX);
-        if self.sp.session_affinity_secs.is_some() {
-            self.write_affinity_rules(table, slots, &mut chain, endpoints, owner, comment);
-        } else if let Some(slot) = self.window(slots, chain_name, endpoints.len()) {
-            let map = SharedSet::EndpointMap(MapKind::Targets, slot.shard);
-            for ((lo, hi), ep) in placement::ranges(slot.offset, n).into_iter().zip(endpoints) {
-                table.add(
-                    map,
-                    vec![Value::IndexRange(lo, hi)],
-                    Element::values(vec![Value::Addr(ep.ip), Value::Port(ep.port)], owner.clone())
-                        .with_comment(Arc::clone(comment)),
-                );
-            }
-            let map = map.name().into_owned();
-            chain.push(
-                Rule::new(vec![
-                    Stmt::Cmp { sel: Selector::L4Proto, op: CmpOp::Eq, value: Value::Proto(self.sp.name.protocol) },
-                    Stmt::DnatNumgenMap { family, modulus: placement::WINDOW, offset: slot.offset, map },
-                ])
-                .with_comment(&**comment),
-            );
-        } else if let Some(ep) = endpoints.first() {
-            chain.push(Rule::new(self.dnat_to(ep)).with_comment(&**comment));
-        }
+        self.write_affinity_rules(table, slots, &mut chain, endpoints, owner, comment);
         table.own.add_chain(chain);
     }
 

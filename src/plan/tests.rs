@@ -585,10 +585,10 @@ fn topology_golden() {
 }
 
 /// Both traffic policies Local on a NodePort: pods and the node reaching it are still
-/// short-circuited to the cluster-wide endpoints, so that chain must exist (as upstream's
-/// `UsesClusterEndpoints`); the kernel would refuse a `goto` to a missing chain.
+/// short-circuited to the cluster-wide endpoints (as upstream's `UsesClusterEndpoints`), so the
+/// node port's cluster-wide endpoints are in `nodeport-endpoints-4` beside its local one.
 #[test]
-fn both_policies_local_keep_the_cluster_chain_for_short_circuits() {
+fn both_policies_local_still_short_circuit_to_every_endpoint() {
     let s = state(
         r#"
 apiVersion: v1
@@ -616,6 +616,13 @@ endpoints:
     let ruleset = plan_with(&config(), &s).ruleset;
     let text = ruleset.to_string();
     assert!(text.contains("short-circuit pod traffic"), "{text}");
+    for element in [
+        "tcp . 30000 . 3 comment \"ns0/svc0:http\" : 10.128.0.4 . 8080",
+        "local-nodeport-endpoints-1",
+        "tcp . 30000 . 0 comment \"ns0/svc0:http\" : 10.128.0.1 . 8080",
+    ] {
+        assert!(text.contains(element), "{element}\n{text}");
+    }
     let mut kernel = FakeNetfilter::new();
     kernel
         .apply(&diff(&WireRuleset::default(), &lower_ruleset(&ruleset)))
