@@ -366,6 +366,39 @@ fn one_endpoint_change_sends_only_what_changed() {
     assert_eq!(canonicalize(&plain), canonicalize(&planned));
 }
 
+/// An upgrade: the ruleset the previous version wrote for the external-traffic scenario (its
+/// `Local` ports with three chains each and an `endpoints-0` window map) becomes this version's
+/// in one transaction, without deleting the table (which would empty every affinity client
+/// set): the old chains and map go, the next sync has nothing to do.
+#[test]
+fn a_ruleset_of_the_previous_shape_converges_without_re_creating_the_table() {
+    if skip_unless_privileged() {
+        return;
+    }
+    let ns = Netns::create("upgrade").unwrap();
+    let old = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("integration/fixtures/external-9507716.nft");
+    ns.exec("nft", &["-f", old.to_str().unwrap()]).unwrap();
+    let mut config = nftproxy::config::ProxyConfig::new("node1");
+    config.cluster_cidrs = nftproxy::config::parse_cidrs("x", "10.0.0.0/8").unwrap();
+    config.table_ownership = false;
+    let one_shot = || {
+        let mut p = Proxy::new(config.clone(), Kernel::open().unwrap());
+        p.load(include_str!("../nft-templates/external.yaml"));
+        let report = p.sync(SyncReason::Startup, true).unwrap().report;
+        (report, p.last_transaction(), p.render())
+    };
+    let (first, transaction, planned) = ns.run(one_shot).unwrap();
+    let ops = transaction.summary();
+    assert!(!ops.iter().any(|o| o.starts_with("delete table")), "{ops:#?}");
+    for gone in ["delete chain ip nftproxy external-42NFTM6N-ns2/svc2/tcp/p80", "delete set ip nftproxy endpoints-0"] {
+        assert!(ops.iter().any(|o| o.starts_with(gone)), "{gone}: {ops:#?}");
+    }
+    assert!(first.apply.messages > 0);
+    assert_eq!(canonicalize(&ruleset_of(&ns)), canonicalize(&planned));
+    let (again, _, _) = ns.run(one_shot).unwrap();
+    assert_eq!(again.apply.messages, 0, "the read-back finds what was planned");
+}
+
 /// The affinity slot `endpoint` is bound to in a listing: the key of its element in
 /// `affinity-targets-0` (slot j of a window at offset 0).
 fn slot_of(listing: &str, endpoint: &str) -> String {

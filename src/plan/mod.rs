@@ -2,7 +2,8 @@
 //!
 //! The semantics are upstream kube-proxy's nftables mode; the shape is chosen for the kernel's
 //! cost (see the README's Performance section):
-//! - dispatch is one lookup in typed verdict maps (`service-ips`, `service-nodeports`);
+//! - dispatch is a few set lookups by `address . protocol . port` (the `balanced-…` sets; the
+//!   verdict maps `service-ips` and `service-nodeports` for ports with chains of their own);
 //! - a service port without session affinity has no chain: its addresses are keys of the
 //!   `balanced-…` sets and its endpoints elements of shared maps for their count
 //!   (`service-endpoints-N`, `local-endpoints-N` for `externalTrafficPolicy: Local`; see

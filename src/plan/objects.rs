@@ -80,7 +80,7 @@ impl MapKind {
 const SLOT_WINDOWS: &str = "affinity-windows-";
 const SLOT_TARGETS: &str = "affinity-targets-";
 
-/// What a balancing map is keyed by.
+/// Which family of balancing maps: what they are keyed by and which endpoints they hold.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub(crate) enum BalanceMap {
     /// `service-endpoints-N`: service address . protocol . port . index → endpoint.
@@ -157,7 +157,8 @@ pub(crate) enum SharedSet {
     BalancedServiceIps,
     /// `balanced-external-ips`: external and LoadBalancer IPs balanced by `balance-external`.
     BalancedExternalIps,
-    /// `balanced-nodeports`: node ports balanced by `balance-external-nodeport`.
+    /// `balanced-nodeports`: node ports balanced by `balance-external-nodeport` (which
+    /// masquerades, then goes to `balance-nodeport`).
     BalancedNodeports,
     /// `balanced-local-ips`: external and LoadBalancer IPs of ports with
     /// `externalTrafficPolicy: Local`, balanced by `balance-external-local`.
@@ -165,9 +166,10 @@ pub(crate) enum SharedSet {
     /// `balanced-local-nodeports`: their node ports, balanced by
     /// `balance-external-local-nodeport`.
     BalancedLocalNodeports,
-    /// `service-endpoints-N` / `nodeport-endpoints-N`: the endpoints of every balanced service
-    /// address (node port) that has N of them, by index `0..N`. Created with the table for
-    /// counts up to [`BalanceMap::PRESET`], else while it holds any.
+    /// `service-endpoints-N`, `nodeport-endpoints-N`, `local-endpoints-N`,
+    /// `local-nodeport-endpoints-N`: the endpoints (of the kind the [`BalanceMap`] says) of every
+    /// balanced service address (node port) that has N of them, by index `0..N`. Created with
+    /// the table for counts up to [`BalanceMap::PRESET`], else while it holds any.
     Balance(BalanceMap, u32),
 }
 
@@ -309,7 +311,9 @@ impl SharedSet {
             SharedSet::SlotTargets(_) => "affinity slots: the endpoint each slot is bound to",
             SharedSet::BalancedServiceIps => "ClusterIP traffic balanced by balance-service",
             SharedSet::BalancedExternalIps => "ExternalIP and LoadBalancer IP traffic balanced by balance-external",
-            SharedSet::BalancedNodeports => "NodePort traffic balanced by balance-external-nodeport",
+            // Unchanged since `balance-nodeport` masqueraded itself: a set's comment is part of
+            // its type, and a changed type re-creates the table (forgetting affinity clients).
+            SharedSet::BalancedNodeports => "NodePort traffic balanced by balance-nodeport",
             SharedSet::BalancedLocalIps => {
                 "ExternalIP and LoadBalancer IP traffic with externalTrafficPolicy Local, balanced by balance-external-local"
             }

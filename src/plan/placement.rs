@@ -1,10 +1,10 @@
 //! Where each service port's endpoints sit in the shared endpoint maps.
 //!
-//! A service port with a chain of its own balances with `numgen random mod 1048576 offset K`
-//! over its own **window** of 2^20 numbers in one of a few shared interval maps
-//! (`endpoints-0`, `endpoints-1`, …; `affinity-endpoints-0`, … with their slot maps for session
-//! affinity, see [`super::affinity`]). The window is split into one range per endpoint, as
-//! evenly as 2^20 allows (the largest relative difference between two endpoints is N / 2^20).
+//! A service port with a chain of its own (session affinity: the others are balanced by the
+//! shared chains, see `balance`) balances over its own **window** of 2^20 numbers in one of a
+//! few shared interval maps (`affinity-endpoints-0`, … with their slot maps, see
+//! [`super::affinity`]; `endpoints-N` is the same for rulesets of earlier versions, read back
+//! at a restart). The window is split into one range per endpoint, as evenly as its size allows.
 //!
 //! The shape follows the kernel's costs, measured on the benchmark's clusters:
 //! - the rule never changes while the service port has endpoints, so adding or removing one is

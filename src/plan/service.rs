@@ -84,10 +84,9 @@ impl<'a> PortPlan<'a> {
         if self.balanced() {
             return;
         }
-        let kind = MapKind::Affinity;
         let mut demand = |chain: String, n: usize| {
             if windowed(n) {
-                let id = WindowId { family: self.family, kind, chain };
+                let id = WindowId { family: self.family, kind: MapKind::Affinity, chain };
                 out.windows.push(WindowDemand { id, endpoints: u32::try_from(n).unwrap_or(u32::MAX) });
             }
         };
@@ -98,7 +97,7 @@ impl<'a> PortPlan<'a> {
         if local {
             demand(format!("local-{}", self.base), self.cat.local.len());
         }
-        if kind == MapKind::Affinity && (cluster || local) {
+        if cluster || local {
             out.affinity.push(AffinityDemand {
                 id: self.affinity_id(),
                 endpoints: self.cat.reachable.iter().map(|ep| (ep.ip, ep.port)).collect(),

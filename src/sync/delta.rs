@@ -246,6 +246,11 @@ impl Delta {
         self.families.values().any(|f| !f.exists)
     }
 
+    /// Whether `family`'s table is created (a cold start, or a rebuild): its sets start empty.
+    pub(super) fn creates_table(&self, family: IpFamily) -> bool {
+        self.families.get(family).is_none_or(|f| !f.exists)
+    }
+
     /// Endpoint maps to add with the infrastructure, rather than when the first service using
     /// each is written. The kernel keeps a table's sets in a list in the order they were added
     /// and finds a set by walking it, for every rule and element message naming one: maps added

@@ -571,9 +571,11 @@ impl Syncer {
                 delta.add_up_front(placement.maps());
             }
             let mut programmed = Programmed::new(infrastructure);
-            // Only for sets the kernel holds: a rebuild or a new table starts them empty.
-            let forget =
-                if rebuild { Vec::new() } else { slot_deletions(&mut *self.kernel, &self.config.table, &flushes)? };
+            // Only for sets the kernel holds: a rebuild or a new table (also one the diff
+            // decides to re-create) starts them empty.
+            let flushes: Vec<SlotFlush> =
+                flushes.into_iter().filter(|f| !rebuild && !delta.creates_table(f.family)).collect();
+            let forget = slot_deletions(&mut *self.kernel, &self.config.table, &flushes)?;
             let prepended = &self.prepended;
             let guard = before.filter(|_| stale_reads < MAX_STALE_READS);
             self.kernel.expect_generation(guard);
