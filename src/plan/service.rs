@@ -46,9 +46,9 @@ pub(super) fn balanced(sp: &ServicePort) -> bool {
     sp.session_affinity_secs.is_none()
 }
 
-/// Whether a chain balancing over `n` endpoints uses a window of an endpoint map: whenever it
-/// has endpoints, one included, so that going from one endpoint to two (or back) is element
-/// operations, not a rule rewritten.
+/// Whether an affinity chain balancing over `n` endpoints uses a window of an endpoint map:
+/// whenever it has endpoints, one included, so that going from one endpoint to two (or back) is
+/// element operations, not a rule rewritten.
 fn windowed(n: usize) -> bool {
     n > 0
 }
