@@ -288,6 +288,49 @@ fn an_affinity_endpoint_that_goes_takes_only_its_slots_clients_with_it() {
     assert_eq!(left.elements.len(), 1, "slot 1's client stays");
 }
 
+/// A restart whose full sync re-creates the table (an infrastructure set's type changed) while
+/// an affinity slot was bound anew during the downtime: the re-created client set starts
+/// empty, so no client is deleted from it: the deletes would name a set that does not exist yet,
+/// the kernel would refuse them, and the service would be left out as refused.
+#[test]
+fn a_re_created_table_gets_no_slot_deletes() {
+    let (kernel, mut syncer) = shared_syncer(true);
+    let mut index = ClusterIndex::new();
+    let affine = ", sessionAffinity: ClientIP";
+    reset(&mut index, &web_with(&["10.0.1.1", "10.0.1.2"], affine));
+    sync(&mut syncer, &mut index, SyncReason::Startup, true);
+    {
+        let mut k = kernel.lock();
+        let table = k.state.tables.iter_mut().find(|t| t.family == IpFamily::V4).unwrap();
+        let (_, clients) = table.sets.iter_mut().find(|(n, _)| n.starts_with("affinity-") && n.contains('/')).unwrap();
+        // A client in every slot, whichever the new endpoint takes.
+        for slot in 0u32..3 {
+            let mut key = vec![192, 0, 2, 1];
+            key.extend_from_slice(&slot.to_ne_bytes());
+            let element = WireElement { data: WireData::None, userdata: None, owner: Owner::infrastructure() };
+            clients.elements.insert(WireKey::new(&key), element);
+        }
+        // As an older version would have written it: another comment, so another type.
+        table.sets.get_mut("cluster-ips").unwrap().spec.userdata = Some(b"\x00\x05older\x00".to_vec());
+    }
+    drop(syncer);
+    // The new process: 10.0.1.1 went and 10.0.1.3 came while it was down (slot 0 bound anew).
+    let mut c = config();
+    c.table_ownership = true;
+    let mut restarted = Syncer::new(c, Box::new(kernel.clone()), fixed_nodeports());
+    let mut index = ClusterIndex::new();
+    reset(&mut index, &web_with(&["10.0.1.2", "10.0.1.3"], affine));
+    let before = kernel.lock().applied.len();
+    let synced = sync(&mut restarted, &mut index, SyncReason::Startup, true);
+    assert!(synced.report.full);
+    assert!(restarted.excluded().is_empty(), "{:?}", restarted.excluded());
+    let k = kernel.lock();
+    assert_eq!(k.applied.len(), before + 1, "one transaction, accepted at once");
+    let last = k.applied.last().unwrap();
+    assert!(last.ops.iter().any(|o| matches!(o.kind, OpKind::DeleteTable)), "{:#?}", last.summary());
+    assert!(!last.ops.iter().any(|o| matches!(o.kind, OpKind::ForgetElements { .. })), "{:#?}", last.summary());
+}
+
 #[test]
 fn slot_targets_read_back_in_both_families() {
     let mut v6 = "fd00::1".parse::<std::net::Ipv6Addr>().unwrap().octets().to_vec();
