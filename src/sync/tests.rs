@@ -250,28 +250,40 @@ fn a_service_cidr_change_makes_the_sync_full() {
     assert!(k.state.tables[0].sets.get("service-cidrs").is_some_and(|s| !s.elements.is_empty()));
 }
 
-#[test]
-fn an_affinity_endpoint_that_goes_takes_only_its_slots_clients_with_it() {
+/// `ns/web` with session affinity over `endpoints`, synced once into a fresh fake kernel, and
+/// `clients` (address, slot) recorded in its client set as the kernel would: the kernel, the
+/// syncer, its index and the client set's name.
+fn affine_web_with_clients(
+    endpoints: &[&str],
+    clients: &[([u8; 4], u32)],
+) -> (SharedFake, Syncer, ClusterIndex, String) {
     let (kernel, mut syncer) = shared_syncer(true);
     let mut index = ClusterIndex::new();
-    let affine = ", sessionAffinity: ClientIP";
-    reset(&mut index, &web_with(&["10.0.1.1", "10.0.1.2"], affine));
+    reset(&mut index, &web_with(endpoints, AFFINE));
     sync(&mut syncer, &mut index, SyncReason::Startup, true);
+    let mut k = kernel.lock();
+    let table = k.state.tables.iter_mut().find(|t| t.family == IpFamily::V4).unwrap();
+    let (name, set) = table.sets.iter_mut().find(|(n, _)| n.starts_with("affinity-") && n.contains('/')).unwrap();
+    for (client, slot) in clients {
+        let mut key = client.to_vec();
+        key.extend_from_slice(&slot.to_ne_bytes());
+        let element = WireElement { data: WireData::None, userdata: None, owner: Owner::infrastructure() };
+        set.elements.insert(WireKey::new(&key), element);
+    }
+    let name = name.clone();
+    drop(k);
+    (kernel, syncer, index, name)
+}
+
+const AFFINE: &str = ", sessionAffinity: ClientIP";
+
+#[test]
+fn an_affinity_endpoint_that_goes_takes_only_its_slots_clients_with_it() {
     // Clients the kernel recorded: two in slot 0 (10.0.1.1, the first seated), one in slot 1.
-    let set = {
-        let mut k = kernel.lock();
-        let table = k.state.tables.iter_mut().find(|t| t.family == IpFamily::V4).unwrap();
-        let (name, set) = table.sets.iter_mut().find(|(n, _)| n.starts_with("affinity-") && n.contains('/')).unwrap();
-        for (client, slot) in [([192, 0, 2, 1], 0u32), ([192, 0, 2, 2], 0), ([192, 0, 2, 3], 1)] {
-            let mut key = client.to_vec();
-            key.extend_from_slice(&slot.to_ne_bytes());
-            let element = WireElement { data: WireData::None, userdata: None, owner: Owner::infrastructure() };
-            set.elements.insert(WireKey::new(&key), element);
-        }
-        name.clone()
-    };
+    let clients = [([192, 0, 2, 1], 0), ([192, 0, 2, 2], 0), ([192, 0, 2, 3], 1)];
+    let (kernel, mut syncer, mut index, set) = affine_web_with_clients(&["10.0.1.1", "10.0.1.2"], &clients);
     // 10.0.1.1 goes and 10.0.1.3 comes: slot 0 is bound anew, in one partial sync.
-    reset(&mut index, &web_with(&["10.0.1.2", "10.0.1.3"], affine));
+    reset(&mut index, &web_with(&["10.0.1.2", "10.0.1.3"], AFFINE));
     assert!(!sync(&mut syncer, &mut index, SyncReason::Changes, false).report.full);
     let k = kernel.lock();
     let last = k.applied.last().unwrap();
@@ -294,22 +306,12 @@ fn an_affinity_endpoint_that_goes_takes_only_its_slots_clients_with_it() {
 /// the kernel would refuse them, and the service would be left out as refused.
 #[test]
 fn a_re_created_table_gets_no_slot_deletes() {
-    let (kernel, mut syncer) = shared_syncer(true);
-    let mut index = ClusterIndex::new();
-    let affine = ", sessionAffinity: ClientIP";
-    reset(&mut index, &web_with(&["10.0.1.1", "10.0.1.2"], affine));
-    sync(&mut syncer, &mut index, SyncReason::Startup, true);
+    // A client in every slot, whichever the new endpoint takes.
+    let clients = [([192, 0, 2, 1], 0), ([192, 0, 2, 1], 1), ([192, 0, 2, 1], 2)];
+    let (kernel, syncer, _, _) = affine_web_with_clients(&["10.0.1.1", "10.0.1.2"], &clients);
     {
         let mut k = kernel.lock();
         let table = k.state.tables.iter_mut().find(|t| t.family == IpFamily::V4).unwrap();
-        let (_, clients) = table.sets.iter_mut().find(|(n, _)| n.starts_with("affinity-") && n.contains('/')).unwrap();
-        // A client in every slot, whichever the new endpoint takes.
-        for slot in 0u32..3 {
-            let mut key = vec![192, 0, 2, 1];
-            key.extend_from_slice(&slot.to_ne_bytes());
-            let element = WireElement { data: WireData::None, userdata: None, owner: Owner::infrastructure() };
-            clients.elements.insert(WireKey::new(&key), element);
-        }
         // As an older version would have written it: another comment, so another type.
         table.sets.get_mut("cluster-ips").unwrap().spec.userdata = Some(b"\x00\x05older\x00".to_vec());
     }
@@ -319,7 +321,7 @@ fn a_re_created_table_gets_no_slot_deletes() {
     c.table_ownership = true;
     let mut restarted = Syncer::new(c, Box::new(kernel.clone()), fixed_nodeports());
     let mut index = ClusterIndex::new();
-    reset(&mut index, &web_with(&["10.0.1.2", "10.0.1.3"], affine));
+    reset(&mut index, &web_with(&["10.0.1.2", "10.0.1.3"], AFFINE));
     let before = kernel.lock().applied.len();
     let synced = sync(&mut restarted, &mut index, SyncReason::Startup, true);
     assert!(synced.report.full);
