@@ -14,7 +14,9 @@ use std::net::IpAddr;
 
 use crate::net::IpFamily;
 use crate::nft::wire::consts::*;
-use crate::nft::wire::{LowExpr, PayloadBase, WireData, WireKey, WireSet, WireTable, udata};
+use crate::nft::wire::{
+    LowExpr, PayloadBase, WireData, WireKey, WireSet, WireTable, address_bytes, address_from_bytes, udata,
+};
 
 /// Moduli up to this are forked value by value; larger ones by the windows of the map.
 const ENUMERATED_MODULUS: u32 = 256;
@@ -144,21 +146,6 @@ impl Registers {
         slot.fill(0);
         slot[..bytes.len()].copy_from_slice(bytes);
         Some(())
-    }
-}
-
-fn address_bytes(a: IpAddr) -> Vec<u8> {
-    match a {
-        IpAddr::V4(a) => a.octets().to_vec(),
-        IpAddr::V6(a) => a.octets().to_vec(),
-    }
-}
-
-fn address_from(bytes: &[u8]) -> Option<IpAddr> {
-    match bytes.len() {
-        4 => Some(IpAddr::from(<[u8; 4]>::try_from(bytes).ok()?)),
-        16 => Some(IpAddr::from(<[u8; 16]>::try_from(bytes).ok()?)),
-        _ => None,
     }
 }
 
@@ -506,16 +493,16 @@ impl<'a> Evaluator<'a> {
             LowExpr::Payload { base, offset, len, dreg } => {
                 let field = match (base, p.family, offset, len) {
                     (PayloadBase::Network, IpFamily::V4, 12, l @ 1..=4) => {
-                        address_bytes(p.saddr)[..*l as usize].to_vec()
+                        address_bytes(&p.saddr)[..*l as usize].to_vec()
                     }
                     (PayloadBase::Network, IpFamily::V4, 16, l @ 1..=4) => {
-                        address_bytes(p.daddr)[..*l as usize].to_vec()
+                        address_bytes(&p.daddr)[..*l as usize].to_vec()
                     }
                     (PayloadBase::Network, IpFamily::V6, 8, l @ 1..=16) => {
-                        address_bytes(p.saddr)[..*l as usize].to_vec()
+                        address_bytes(&p.saddr)[..*l as usize].to_vec()
                     }
                     (PayloadBase::Network, IpFamily::V6, 24, l @ 1..=16) => {
-                        address_bytes(p.daddr)[..*l as usize].to_vec()
+                        address_bytes(&p.daddr)[..*l as usize].to_vec()
                     }
                     (PayloadBase::Transport, _, 0, 2) => p.sport.to_be_bytes().to_vec(),
                     (PayloadBase::Transport, _, 2, 2) => p.dport.to_be_bytes().to_vec(),
@@ -651,7 +638,7 @@ impl<'a> Evaluator<'a> {
                     10 => 16,
                     _ => return cannot(),
                 };
-                let Some(address) = reg_addr.and_then(|r| regs.read(r, width)).and_then(address_from) else {
+                let Some(address) = reg_addr.and_then(|r| regs.read(r, width)).and_then(address_from_bytes) else {
                     return cannot();
                 };
                 let port = match reg_proto {

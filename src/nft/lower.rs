@@ -3,7 +3,6 @@
 //! tables exactly as [`super::render`] prints them.
 
 use std::collections::BTreeMap;
-use std::net::IpAddr;
 use std::sync::Arc;
 
 use ipnet::IpNet;
@@ -111,13 +110,6 @@ fn cmp_op(op: CmpOp) -> u32 {
     }
 }
 
-fn addr_bytes(addr: &IpAddr) -> Vec<u8> {
-    match addr {
-        IpAddr::V4(a) => a.octets().to_vec(),
-        IpAddr::V6(a) => a.octets().to_vec(),
-    }
-}
-
 fn lower_stmt(stmt: &Stmt, out: &mut Vec<LowExpr>) {
     match stmt {
         Stmt::Cmp { sel, op, value } => lower_cmp(*sel, *op, value, out),
@@ -166,7 +158,7 @@ fn lower_stmt(stmt: &Stmt, out: &mut Vec<LowExpr>) {
             out.push(LowExpr::Reject { kind: REJECT_ICMP_UNREACH, code });
         }
         Stmt::Dnat { addr, port } => {
-            out.push(LowExpr::Immediate { dreg: REG_1, data: addr_bytes(addr) });
+            out.push(LowExpr::Immediate { dreg: REG_1, data: address_bytes(addr) });
             out.push(LowExpr::Immediate { dreg: REG_1 + 1, data: port.to_be_bytes().to_vec() });
             out.push(LowExpr::Nat {
                 kind: NAT_DNAT,
@@ -341,7 +333,7 @@ fn lower_cmp(sel: Selector, op: CmpOp, value: &Value, out: &mut Vec<LowExpr>) {
 /// `ip saddr != 10.0.0.0/8`: nft shortens the load to whole bytes of the prefix, or loads the
 /// whole address and masks it when the prefix is not byte-aligned.
 fn lower_prefix_cmp(load: LowExpr, net: &IpNet, op: CmpOp, out: &mut Vec<LowExpr>) {
-    let network = addr_bytes(&net.network());
+    let network = address_bytes(&net.network());
     let bits = usize::from(net.prefix_len());
     let LowExpr::Payload { base, offset, len, dreg } = load else {
         out.push(load);
@@ -353,7 +345,7 @@ fn lower_prefix_cmp(load: LowExpr, net: &IpNet, op: CmpOp, out: &mut Vec<LowExpr
         out.push(LowExpr::Cmp { sreg: REG_1, op: cmp_op(op), data: network[..bytes].to_vec() });
     } else {
         out.push(LowExpr::Payload { base, offset, len, dreg });
-        let mask = addr_bytes(&net.netmask());
+        let mask = address_bytes(&net.netmask());
         out.push(LowExpr::Bitwise { sreg: REG_1, dreg: REG_1, len, mask, xor: vec![0; network.len()] });
         out.push(LowExpr::Cmp { sreg: REG_1, op: cmp_op(op), data: network });
     }
@@ -362,8 +354,8 @@ fn lower_prefix_cmp(load: LowExpr, net: &IpNet, op: CmpOp, out: &mut Vec<LowExpr
 /// The bytes of a value in a register of `len` bytes (network order for packet fields).
 fn value_bytes(value: &Value, len: usize) -> Vec<u8> {
     match value {
-        Value::Addr(a) => addr_bytes(a),
-        Value::Prefix(p) => addr_bytes(&p.addr()),
+        Value::Addr(a) => address_bytes(a),
+        Value::Prefix(p) => address_bytes(&p.addr()),
         Value::Proto(p) => vec![p.number()],
         Value::Port(p) => p.to_be_bytes().to_vec(),
         Value::IndexRange(lo, _) | Value::Index(lo) => lo.to_ne_bytes().to_vec(),

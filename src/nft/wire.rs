@@ -5,6 +5,7 @@
 //! these values, and the netlink read-back decodes the kernel's tables into them, so a full
 //! sync can diff what the kernel has against what nftproxy wants, byte for byte.
 
+use std::net::IpAddr;
 use std::sync::Arc;
 
 use indexmap::IndexMap;
@@ -13,6 +14,23 @@ use smallvec::SmallVec;
 use super::ast::Owner;
 pub use super::elements::SetElements;
 use crate::net::IpFamily;
+
+/// An address as nftables data holds it: 4 or 16 bytes, network order.
+pub fn address_bytes(address: &IpAddr) -> Vec<u8> {
+    match address {
+        IpAddr::V4(a) => a.octets().to_vec(),
+        IpAddr::V6(a) => a.octets().to_vec(),
+    }
+}
+
+/// The address 4 or 16 bytes of nftables data hold.
+pub fn address_from_bytes(bytes: &[u8]) -> Option<IpAddr> {
+    match bytes.len() {
+        4 => <[u8; 4]>::try_from(bytes).ok().map(IpAddr::from),
+        16 => <[u8; 16]>::try_from(bytes).ok().map(IpAddr::from),
+        _ => None,
+    }
+}
 
 /// Kernel constants used by the expressions nftproxy emits (`linux/netfilter/nf_tables.h`).
 pub mod consts {

@@ -34,7 +34,7 @@ use crate::netlink::{ApplyStats, Netfilter, NetlinkError};
 use crate::nft::diff::OpKind;
 use crate::nft::diff::{Op, OpTag, diff};
 use crate::nft::lower::{lower_ruleset, lower_table};
-use crate::nft::wire::{NumgenWindow, WireData, WireKey};
+use crate::nft::wire::{NumgenWindow, WireData, WireKey, address_from_bytes};
 use crate::nft::wire::{WireRuleset, WireTable, consts};
 use crate::nodeaddr::NodePortTargets;
 use crate::plan::affinity::{AffinityId, AffinitySlots, SlotTarget};
@@ -875,18 +875,13 @@ fn port_base(chain: &str) -> Option<&str> {
 
 /// An endpoint as a map's data holds it: the address, then the port in a 32-bit word.
 fn target_of(family: IpFamily, data: &[u8]) -> Option<SlotTarget> {
-    let (addr, rest) = match family {
-        IpFamily::V4 => {
-            let (a, rest) = data.split_first_chunk::<4>()?;
-            (std::net::IpAddr::from(*a), rest)
-        }
-        IpFamily::V6 => {
-            let (a, rest) = data.split_first_chunk::<16>()?;
-            (std::net::IpAddr::from(*a), rest)
-        }
+    let width = match family {
+        IpFamily::V4 => 4,
+        IpFamily::V6 => 16,
     };
-    let (port, _) = rest.split_first_chunk::<2>()?;
-    Some((addr, u16::from_be_bytes(*port)))
+    let address = address_from_bytes(data.get(..width)?)?;
+    let (port, _) = data.get(width..)?.split_first_chunk::<2>()?;
+    Some((address, u16::from_be_bytes(*port)))
 }
 
 #[cfg(test)]

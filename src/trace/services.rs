@@ -16,7 +16,7 @@ use std::net::IpAddr;
 
 use crate::nft::ast::Owner;
 use crate::nft::wire::consts::{TYPE_INET_PROTOCOL, TYPE_INET_SERVICE, TYPE_IP6ADDR, TYPE_IPADDR};
-use crate::nft::wire::{WireData, WireRuleset, WireSet};
+use crate::nft::wire::{WireData, WireRuleset, WireSet, address_bytes, address_from_bytes};
 use crate::plan::SharedSet;
 
 /// How a packet reached a service port.
@@ -87,21 +87,6 @@ fn concat(fields: &[&[u8]]) -> Vec<u8> {
     out
 }
 
-fn address_bytes(ip: IpAddr) -> Vec<u8> {
-    match ip {
-        IpAddr::V4(a) => a.octets().to_vec(),
-        IpAddr::V6(a) => a.octets().to_vec(),
-    }
-}
-
-fn address_of(bytes: &[u8]) -> Option<IpAddr> {
-    match bytes.len() {
-        4 => <[u8; 4]>::try_from(bytes).ok().map(IpAddr::from),
-        16 => <[u8; 16]>::try_from(bytes).ok().map(IpAddr::from),
-        _ => None,
-    }
-}
-
 impl ServiceDirectory {
     /// Indexes every map of `ruleset` (nftproxy's tables).
     pub(crate) fn new(ruleset: &WireRuleset) -> ServiceDirectory {
@@ -123,7 +108,7 @@ impl ServiceDirectory {
         let key = type_fields(set.spec.key_type);
         let addresses = |d: &mut HashSet<IpAddr>| {
             for k in set.elements.keys().filter(|k| !k.interval_end) {
-                d.extend(address_of(&k.bytes));
+                d.extend(address_from_bytes(&k.bytes));
             }
         };
         if set.name == SharedSet::ClusterIps.name() {
@@ -168,7 +153,7 @@ impl ServiceDirectory {
     /// The service port traffic to `address`, `protocol` (IANA number) and `port` belongs to:
     /// a ClusterIP, an external or load-balancer IP, or a NodePort on a node-port address.
     pub(crate) fn destination(&self, address: IpAddr, protocol: u8, port: u16) -> Option<ServiceMatch> {
-        let key = concat(&[&address_bytes(address), &[protocol], &port.to_be_bytes()]);
+        let key = concat(&[&address_bytes(&address), &[protocol], &port.to_be_bytes()]);
         if let Some(claims) = self.destinations.get(&key) {
             let destination =
                 if self.cluster_ips.contains(&address) { Destination::ClusterIp } else { Destination::ExternalIp };
@@ -183,7 +168,7 @@ impl ServiceDirectory {
 
     /// The service ports whose endpoints include `address:port`.
     pub(crate) fn endpoint(&self, address: IpAddr, port: u16) -> Vec<String> {
-        let key = concat(&[&address_bytes(address), &port.to_be_bytes()]);
+        let key = concat(&[&address_bytes(&address), &port.to_be_bytes()]);
         self.endpoints.get(&key).map(|s| s.iter().cloned().collect()).unwrap_or_default()
     }
 
