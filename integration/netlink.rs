@@ -8,9 +8,10 @@ use crate::common::Proxy;
 use nftproxy::net::{IpFamily, L4Proto};
 use nftproxy::netlink::{Kernel, Netfilter};
 use nftproxy::nft::canonical::canonicalize;
+use nftproxy::nft::diff::Transaction;
 use nftproxy::nft::lower::lower_ruleset;
 use nftproxy::nft::*;
-use nftproxy::sync::SyncReason;
+use nftproxy::sync::{SyncReason, SyncReport};
 use nftproxy_tools::lab::Netns;
 
 use crate::common::{ruleset_of, skip_unless_privileged};
@@ -317,24 +318,28 @@ fn handles(listing: &str, chain: &str) -> Vec<String> {
     out
 }
 
+/// What `nftproxy sync` does, on the calling thread (run it in a namespace): a new process's
+/// one-shot full sync of `yaml` for node1, pods in `cluster_cidr`, that leaves the tables
+/// unowned. Its report, its transaction and its ruleset as nft text.
+fn one_shot_sync(cluster_cidr: &str, yaml: &str) -> (SyncReport, Transaction, String) {
+    let mut config = nftproxy::config::ProxyConfig::new("node1");
+    config.cluster_cidrs = nftproxy::config::parse_cidrs("x", cluster_cidr).unwrap();
+    config.table_ownership = false;
+    let mut p = Proxy::new(config, Kernel::open().unwrap());
+    p.load(yaml);
+    let report = p.sync(SyncReason::Startup, true).unwrap().report;
+    (report, p.last_transaction(), p.render())
+}
+
 #[test]
 fn one_endpoint_change_sends_only_what_changed() {
     if skip_unless_privileged() {
         return;
     }
     let ns = Netns::create("partial").unwrap();
-    let mut config = nftproxy::config::ProxyConfig::new("node1");
-    config.cluster_cidrs = nftproxy::config::parse_cidrs("x", "10.244.0.0/16").unwrap();
-    // What `nftproxy sync` does: a one-shot full sync that leaves the tables unowned.
-    config.table_ownership = false;
     let yaml = PARTIAL_CLUSTER;
     let changed = yaml.replace("10.244.2.10", "10.244.2.11");
-    let one_shot = |yaml: &str| {
-        let mut p = Proxy::new(config.clone(), Kernel::open().unwrap());
-        p.load(yaml);
-        let report = p.sync(SyncReason::Startup, true).unwrap().report;
-        (report, p.last_transaction(), p.render())
-    };
+    let one_shot = |yaml: &str| one_shot_sync("10.244.0.0/16", yaml);
     let (first, _, _) = ns.run(|| one_shot(yaml)).unwrap();
     assert!(first.apply.messages > 40);
     let listing_before = String::from_utf8(ns.exec("nft", &["-a", "list", "ruleset"]).unwrap().stdout).unwrap();
@@ -378,15 +383,7 @@ fn a_ruleset_of_the_previous_shape_converges_without_re_creating_the_table() {
     let ns = Netns::create("upgrade").unwrap();
     let old = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("integration/fixtures/external-9507716.nft");
     ns.exec("nft", &["-f", old.to_str().unwrap()]).unwrap();
-    let mut config = nftproxy::config::ProxyConfig::new("node1");
-    config.cluster_cidrs = nftproxy::config::parse_cidrs("x", "10.0.0.0/8").unwrap();
-    config.table_ownership = false;
-    let one_shot = || {
-        let mut p = Proxy::new(config.clone(), Kernel::open().unwrap());
-        p.load(include_str!("../nft-templates/external.yaml"));
-        let report = p.sync(SyncReason::Startup, true).unwrap().report;
-        (report, p.last_transaction(), p.render())
-    };
+    let one_shot = || one_shot_sync("10.0.0.0/8", include_str!("../nft-templates/external.yaml"));
     let (first, transaction, planned) = ns.run(one_shot).unwrap();
     let ops = transaction.summary();
     assert!(!ops.iter().any(|o| o.starts_with("delete table")), "{ops:#?}");
@@ -413,21 +410,13 @@ fn an_affinity_endpoint_change_is_elements_and_forgets_its_slots_clients() {
         return;
     }
     let ns = Netns::create("slots").unwrap();
-    let mut config = nftproxy::config::ProxyConfig::new("node1");
-    config.cluster_cidrs = nftproxy::config::parse_cidrs("x", "10.244.0.0/16").unwrap();
-    config.table_ownership = false;
     // One port with ClientIP affinity (its window at offset 0: the targets' keys are the slots).
     let yaml = PARTIAL_CLUSTER
         .replace("  clusterIP: 10.96.0.10\n", "  clusterIP: 10.96.0.10\n  sessionAffinity: ClientIP\n")
         .replace("  - {name: echo-udp, port: 53, protocol: UDP, targetPort: 8080}\n", "");
     let changed = yaml.replace("10.244.2.10", "10.244.2.11");
     // A new process each time, as `nftproxy sync` is: the slots are read back from the kernel.
-    let one_shot = |yaml: &str| {
-        let mut p = Proxy::new(config.clone(), Kernel::open().unwrap());
-        p.load(yaml);
-        p.sync(SyncReason::Startup, true).unwrap();
-        (p.last_transaction(), p.render())
-    };
+    let one_shot = |yaml: &str| one_shot_sync("10.244.0.0/16", yaml);
     ns.run(|| one_shot(&yaml)).unwrap();
     let list = || String::from_utf8(ns.exec("nft", &["-a", "list", "ruleset"]).unwrap().stdout).unwrap();
     let before = list();
@@ -443,7 +432,7 @@ fn an_affinity_endpoint_change_is_elements_and_forgets_its_slots_clients() {
     let out = ns.exec("nft", &["add", "element", "ip", "nftproxy", &set, &elements]).unwrap();
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
 
-    let (transaction, planned) = ns.run(|| one_shot(&changed)).unwrap();
+    let (_, transaction, planned) = ns.run(|| one_shot(&changed)).unwrap();
     let ops = transaction.summary();
     assert!(ops.iter().all(|op| op.contains(" element ")), "elements only: {ops:#?}");
     assert!(ops.iter().any(|op| op.starts_with("add element ip nftproxy affinity-targets-0")), "{ops:#?}");
