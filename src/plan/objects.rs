@@ -43,40 +43,7 @@ pub(crate) const BALANCE_LOCAL_NODEPORT: &str = "balance-local-nodeport";
 pub(crate) const BALANCE_EXTERNAL_LOCAL: &str = "balance-external-local";
 pub(crate) const BALANCE_EXTERNAL_LOCAL_NODEPORT: &str = "balance-external-local-nodeport";
 
-/// What a shared endpoint map holds.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub(crate) enum MapKind {
-    /// `endpoints-N`: numgen range → endpoint address and port. Only rulesets of earlier
-    /// versions have it (their `externalTrafficPolicy: Local` chains): known by name so that
-    /// a restart over such a ruleset reads its windows and deletes the map.
-    Targets,
-    /// `affinity-endpoints-N`: hash range → endpoint address and port, for the service ports
-    /// with session affinity; beside it `affinity-windows-N` and `affinity-targets-N` hold
-    /// their slots (see [`crate::plan::placement`]).
-    Affinity,
-}
-
-impl MapKind {
-    const ALL: [MapKind; 2] = [MapKind::Targets, MapKind::Affinity];
-
-    fn prefix(self) -> &'static str {
-        match self {
-            MapKind::Targets => "endpoints-",
-            MapKind::Affinity => "affinity-endpoints-",
-        }
-    }
-
-    /// The shared maps a shard of this kind is made of.
-    pub(crate) fn maps(self, shard: u32) -> Vec<SharedSet> {
-        match self {
-            MapKind::Targets => vec![SharedSet::EndpointMap(self, shard)],
-            MapKind::Affinity => {
-                vec![SharedSet::EndpointMap(self, shard), SharedSet::SlotWindows(shard), SharedSet::SlotTargets(shard)]
-            }
-        }
-    }
-}
-
+const ENDPOINT_MAP: &str = "affinity-endpoints-";
 const SLOT_WINDOWS: &str = "affinity-windows-";
 const SLOT_TARGETS: &str = "affinity-targets-";
 
@@ -145,9 +112,11 @@ pub(crate) enum SharedSet {
     ClusterCidrs,
     /// `service-cidrs`: the ServiceCIDRs' ranges (issue 14), written by the infrastructure.
     ServiceCidrs,
-    /// A shared endpoint map, `endpoints-N` or `affinity-endpoints-N`: each service port owns a
-    /// window of it, so its keys are never contested.
-    EndpointMap(MapKind, u32),
+    /// `affinity-endpoints-N`: hash range → endpoint, for the service ports with session
+    /// affinity; each owns a window of it, so its keys are never contested. Beside it
+    /// `affinity-windows-N` and `affinity-targets-N` hold their slots (see
+    /// [`crate::plan::placement`]).
+    EndpointMap(u32),
     /// `affinity-windows-N`: each affinity slot's share of its port's hash window, at the
     /// slot's own offset in the port's window.
     SlotWindows(u32),
@@ -190,6 +159,11 @@ impl SharedSet {
         SharedSet::Hairpin,
     ];
 
+    /// The shared maps one shard of affinity windows is made of.
+    pub(crate) fn affinity_shard(shard: u32) -> [SharedSet; 3] {
+        [SharedSet::EndpointMap(shard), SharedSet::SlotWindows(shard), SharedSet::SlotTargets(shard)]
+    }
+
     /// The object's name in the table.
     pub(crate) fn name(self) -> Cow<'static, str> {
         Cow::Borrowed(match self {
@@ -208,7 +182,7 @@ impl SharedSet {
             SharedSet::BalancedLocalIps => BALANCED_LOCAL_IPS,
             SharedSet::BalancedLocalNodeports => BALANCED_LOCAL_NODEPORTS,
             SharedSet::ServiceCidrs => SERVICE_CIDRS,
-            SharedSet::EndpointMap(kind, n) => return Cow::Owned(format!("{}{n}", kind.prefix())),
+            SharedSet::EndpointMap(n) => return Cow::Owned(format!("{ENDPOINT_MAP}{n}")),
             SharedSet::SlotWindows(n) => return Cow::Owned(format!("{SLOT_WINDOWS}{n}")),
             SharedSet::SlotTargets(n) => return Cow::Owned(format!("{SLOT_TARGETS}{n}")),
             SharedSet::Balance(map, n) => return Cow::Owned(format!("{}{n}", map.prefix())),
@@ -237,9 +211,8 @@ impl SharedSet {
         if let Some(s) = fixed.into_iter().find(|s| s.name() == name) {
             return Some(s);
         }
-        let window = MapKind::ALL
-            .into_iter()
-            .find_map(|kind| Some(SharedSet::EndpointMap(kind, numbered(name, kind.prefix())?)))
+        let window = numbered(name, ENDPOINT_MAP)
+            .map(SharedSet::EndpointMap)
             .or_else(|| numbered(name, SLOT_WINDOWS).map(SharedSet::SlotWindows))
             .or_else(|| numbered(name, SLOT_TARGETS).map(SharedSet::SlotTargets));
         let balance = || {
@@ -301,10 +274,7 @@ impl SharedSet {
             SharedSet::Hairpin => "endpoints reaching themselves through a service (masqueraded)",
             SharedSet::ClusterCidrs => "pod ranges (detect-local)",
             SharedSet::ServiceCidrs => "ranges of the ServiceCIDRs",
-            SharedSet::EndpointMap(MapKind::Targets, _) => {
-                "service port endpoints: a numgen window per port, a range per endpoint"
-            }
-            SharedSet::EndpointMap(MapKind::Affinity, _) => {
+            SharedSet::EndpointMap(_) => {
                 "endpoints of service ports with session affinity: a jhash window per port, a range per endpoint"
             }
             SharedSet::SlotWindows(_) => "affinity slots: the hash range of each slot's endpoint",
@@ -376,7 +346,7 @@ mod tests {
         for set in SharedSet::SERVICE_WRITTEN
             .into_iter()
             .chain([SharedSet::NodeportIps, SharedSet::ClusterCidrs, SharedSet::ServiceCidrs])
-            .chain([SharedSet::EndpointMap(MapKind::Targets, 12), SharedSet::EndpointMap(MapKind::Affinity, 0)])
+            .chain([SharedSet::EndpointMap(12), SharedSet::EndpointMap(0)])
             .chain([SharedSet::SlotWindows(3), SharedSet::SlotTargets(0)])
             .chain([SharedSet::Balance(BalanceMap::Service, 1), SharedSet::Balance(BalanceMap::Nodeport, 250)])
             .chain([SharedSet::Balance(BalanceMap::Local, 2), SharedSet::Balance(BalanceMap::LocalNodeport, 17)])
@@ -384,6 +354,8 @@ mod tests {
             assert_eq!(SharedSet::from_name(&set.name()), Some(set), "{set}");
         }
         for bad in [
+            "endpoints-0",
+            "affinity-endpoints-",
             "endpoints-",
             "endpoints-01",
             "endpoints-x",

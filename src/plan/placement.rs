@@ -3,8 +3,8 @@
 //! A service port with a chain of its own (session affinity: the others are balanced by the
 //! shared chains, see `balance`) balances over its own **window** of 2^20 numbers in one of a
 //! few shared interval maps (`affinity-endpoints-0`, … with their slot maps, see
-//! [`super::affinity`]; `endpoints-N` is the same for rulesets of earlier versions, read back
-//! at a restart). The window is split into one range per endpoint, as evenly as its size allows.
+//! [`super::affinity`]). The window is split into one range per endpoint, as evenly as its size
+//! allows.
 //!
 //! The shape follows the kernel's costs, measured on the benchmark's clusters:
 //! - the rule never changes while the service port has endpoints, so adding or removing one is
@@ -31,7 +31,7 @@ use crate::model::NamespacedName;
 use crate::net::IpFamily;
 use crate::plan::affinity::{AffinityDemand, AffinityId, AffinitySlots};
 use crate::plan::names;
-use crate::plan::objects::{MapKind, SharedSet};
+use crate::plan::objects::SharedSet;
 
 /// The numbers `numgen` draws for one service port.
 pub(crate) const WINDOW: u32 = 1 << crate::nft::wire::NUMGEN_WINDOW_BITS;
@@ -41,12 +41,11 @@ pub(crate) const SHARD_WINDOWS: u32 = 2048;
 /// it; it never moves).
 pub(crate) const SHARD_LOAD: u32 = 1024;
 
-/// The window one balancing chain needs: its family, the kind of map, and the chain (which
-/// names the service port and the policy).
+/// The window one balancing chain needs: its family and the chain (which names the service
+/// port and the policy).
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub(crate) struct WindowId {
     pub family: IpFamily,
-    pub kind: MapKind,
     pub chain: String,
 }
 
@@ -162,14 +161,12 @@ impl Shard {
     }
 }
 
-type Space = (IpFamily, MapKind);
-
 /// Every placed window, by chain, and every service port's affinity slots, with the service
 /// holding them.
 #[derive(Debug, Clone, Default)]
 pub(crate) struct Placement {
     blocks: HashMap<WindowId, Block>,
-    shards: BTreeMap<Space, BTreeMap<u32, Shard>>,
+    shards: BTreeMap<IpFamily, BTreeMap<u32, Shard>>,
     services: HashMap<NamespacedName, Vec<WindowId>>,
     affinity: HashMap<AffinityId, AffinitySlots>,
     affinity_of: HashMap<NamespacedName, Vec<AffinityId>>,
@@ -206,16 +203,15 @@ impl Placement {
         let demands: Vec<(NamespacedName, Vec<WindowDemand>)> =
             demands.into_iter().map(|(service, d)| (service, d.windows)).collect();
         // First the windows that stay, so that nothing new lands on them.
-        let mut taken: BTreeSet<(IpFamily, MapKind, u32, u32)> = BTreeSet::new();
+        let mut taken: BTreeSet<(IpFamily, u32, u32)> = BTreeSet::new();
         for (service, wanted) in &demands {
             for demand in wanted {
                 let Some(slot) = prior.get(&demand.id) else { continue };
-                let at = (demand.id.family, demand.id.kind, slot.shard, slot.window());
+                let at = (demand.id.family, slot.shard, slot.window());
                 if slot.offset % WINDOW != 0 || slot.window() >= SHARD_WINDOWS || !taken.insert(at) {
                     continue;
                 }
-                let shard =
-                    p.shards.entry((demand.id.family, demand.id.kind)).or_default().entry(slot.shard).or_default();
+                let shard = p.shards.entry(demand.id.family).or_default().entry(slot.shard).or_default();
                 shard.top = shard.top.max(slot.window() + 1);
                 shard.load = shard.load.saturating_add(demand.endpoints);
                 shard.blocks += 1;
@@ -226,9 +222,9 @@ impl Placement {
                 p.services.entry(service.clone()).or_default().push(demand.id.clone());
             }
         }
-        for ((family, kind), shards) in &mut p.shards {
+        for (family, shards) in &mut p.shards {
             for (id, shard) in shards.iter_mut() {
-                shard.free = (0..shard.top).filter(|w| !taken.contains(&(*family, *kind, *id, *w))).collect();
+                shard.free = (0..shard.top).filter(|w| !taken.contains(&(*family, *id, *w))).collect();
             }
         }
         for (service, wanted) in demands {
@@ -260,8 +256,8 @@ impl Placement {
         for demand in demands {
             match self.blocks.get_mut(&demand.id) {
                 Some(block) => {
-                    let space = (demand.id.family, demand.id.kind);
-                    if let Some(shard) = self.shards.get_mut(&space).and_then(|s| s.get_mut(&block.shard)) {
+                    let shards = self.shards.get_mut(&demand.id.family);
+                    if let Some(shard) = shards.and_then(|s| s.get_mut(&block.shard)) {
                         shard.load = shard.load.saturating_sub(block.load).saturating_add(demand.endpoints);
                     }
                     block.load = demand.endpoints;
@@ -309,11 +305,10 @@ impl Placement {
 
     /// The endpoint maps in use.
     pub(crate) fn maps(&self) -> BTreeSet<(IpFamily, SharedSet)> {
-        let shards: BTreeSet<(IpFamily, MapKind, u32)> =
-            self.blocks.iter().map(|(id, b)| (id.family, id.kind, b.shard)).collect();
+        let shards: BTreeSet<(IpFamily, u32)> = self.blocks.iter().map(|(id, b)| (id.family, b.shard)).collect();
         shards
             .into_iter()
-            .flat_map(|(family, kind, shard)| kind.maps(shard).into_iter().map(move |m| (family, m)))
+            .flat_map(|(family, shard)| SharedSet::affinity_shard(shard).map(move |m| (family, m)))
             .collect()
     }
 
@@ -328,8 +323,8 @@ impl Placement {
     }
 
     fn allocate(&mut self, demand: &WindowDemand) {
-        let (kind, n) = (demand.id.kind, demand.endpoints);
-        let shards = self.shards.entry((demand.id.family, kind)).or_default();
+        let n = demand.endpoints;
+        let shards = self.shards.entry(demand.id.family).or_default();
         let fits = |s: &Shard| s.has_window() && s.load.saturating_add(n) <= SHARD_LOAD;
         let id = match shards.iter().find(|(_, s)| fits(s)) {
             Some((id, _)) => *id,
@@ -345,7 +340,7 @@ impl Placement {
 
     fn release(&mut self, id: &WindowId) {
         let Some(block) = self.blocks.remove(id) else { return };
-        if let Some(shard) = self.shards.get_mut(&(id.family, id.kind)).and_then(|s| s.get_mut(&block.shard)) {
+        if let Some(shard) = self.shards.get_mut(&id.family).and_then(|s| s.get_mut(&block.shard)) {
             shard.free.insert(block.window);
             shard.load = shard.load.saturating_sub(block.load);
             shard.blocks = shard.blocks.saturating_sub(1);
@@ -374,14 +369,13 @@ mod tests {
     use super::*;
 
     const F: IpFamily = IpFamily::V4;
-    const T: MapKind = MapKind::Targets;
 
     fn at(shard: u32, window: u32) -> Slot {
         Slot { shard, offset: window * WINDOW }
     }
 
     fn id(chain: &str) -> WindowId {
-        WindowId { family: F, kind: T, chain: chain.to_string() }
+        WindowId { family: F, chain: chain.to_string() }
     }
 
     fn want(chain: &str, n: u32) -> WindowDemand {
@@ -439,12 +433,10 @@ mod tests {
         assert_eq!(p.slot(&id("next")), Some(at(1, 0)), "map 0 is full");
         assert_eq!(p.slot(&id("small")), Some(at(0, 1)), "map 0 still takes what fits");
         let v6 = WindowDemand { id: WindowId { family: IpFamily::V6, ..id("a") }, endpoints: 3 };
-        let chains = WindowDemand { id: WindowId { kind: MapKind::Affinity, ..id("a") }, endpoints: 3 };
-        p.update_service(&svc("a"), &windows(vec![v6.clone(), chains.clone()]));
+        p.update_service(&svc("a"), &windows(vec![v6.clone()]));
         assert_eq!(p.slot(&v6.id), Some(at(0, 0)), "families are separate spaces");
-        assert_eq!(p.slot(&chains.id), Some(at(0, 0)), "so are map kinds");
         p.update_service(&svc("next"), &Demands::default());
-        assert_eq!(p.shards[&(F, T)].len(), 1, "map 1 was dropped when it emptied");
+        assert_eq!(p.shards[&F].len(), 1, "map 1 was dropped when it emptied");
     }
 
     #[test]

@@ -86,7 +86,7 @@ impl<'a> PortPlan<'a> {
         }
         let mut demand = |chain: String, n: usize| {
             if windowed(n) {
-                let id = WindowId { family: self.family, kind: MapKind::Affinity, chain };
+                let id = WindowId { family: self.family, chain };
                 out.windows.push(WindowDemand { id, endpoints: u32::try_from(n).unwrap_or(u32::MAX) });
             }
         };
@@ -341,7 +341,7 @@ impl<'a> PortPlan<'a> {
         if !windowed(n) {
             return None;
         }
-        let id = WindowId { family: self.family, kind: MapKind::Affinity, chain: chain.to_string() };
+        let id = WindowId { family: self.family, chain: chain.to_string() };
         let slot = slots.slot(&id);
         if slot.is_none() {
             tracing::error!(chain, "no endpoint window placed for a balancing chain; using its first endpoint");
@@ -411,11 +411,8 @@ impl<'a> PortPlan<'a> {
         }
         let n = u32::try_from(seated.len()).unwrap_or(u32::MAX);
         let shard = window.shard;
-        let (endpoint_map, windows_map, targets_map) = (
-            SharedSet::EndpointMap(MapKind::Affinity, shard),
-            SharedSet::SlotWindows(shard),
-            SharedSet::SlotTargets(shard),
-        );
+        let (endpoint_map, windows_map, targets_map) =
+            (SharedSet::EndpointMap(shard), SharedSet::SlotWindows(shard), SharedSet::SlotTargets(shard));
         let l4proto = Stmt::Cmp { sel: Selector::L4Proto, op: CmpOp::Eq, value: Value::Proto(self.sp.name.protocol) };
         let clients = names::affinity_set(&self.base);
         let (targets, windows) = (targets_map.name().into_owned(), windows_map.name().into_owned());

@@ -38,7 +38,6 @@ use crate::nft::wire::{NumgenWindow, WireData, WireKey, address_from_bytes};
 use crate::nft::wire::{WireRuleset, WireTable, consts};
 use crate::nodeaddr::NodePortTargets;
 use crate::plan::affinity::{AffinityId, AffinitySlots, SlotTarget};
-use crate::plan::objects::MapKind;
 use crate::plan::placement::{Demands, Placed, Placement, Slot, SlotFlush, WindowId};
 use crate::plan::{self, ConntrackTarget, HealthCheck, PlanInput, PlanStats, SharedSet};
 use delta::{Delta, View};
@@ -805,15 +804,11 @@ fn found_placement(kernel: &WireRuleset) -> Placed {
 fn found_windows(family: IpFamily, rules: &[NumgenWindow]) -> Vec<(WindowId, Slot)> {
     let mut out = Vec::new();
     for found in rules {
-        let Some(SharedSet::EndpointMap(kind, shard)) = SharedSet::from_name(&found.map) else { continue };
-        let expected = match kind {
-            MapKind::Targets => found.modulus == plan::placement::WINDOW,
-            MapKind::Affinity => AffinitySlots::is_modulus(found.modulus),
-        };
-        if !expected || found.offset % plan::placement::WINDOW != 0 {
+        let Some(SharedSet::EndpointMap(shard)) = SharedSet::from_name(&found.map) else { continue };
+        if !AffinitySlots::is_modulus(found.modulus) || found.offset % plan::placement::WINDOW != 0 {
             continue;
         }
-        let id = WindowId { family, kind, chain: found.chain.clone() };
+        let id = WindowId { family, chain: found.chain.clone() };
         out.push((id, Slot { shard, offset: found.offset }));
     }
     out
@@ -840,11 +835,8 @@ fn found_affinity(
             *c = (*c).max(n);
         }
     }
-    let chain_at: BTreeMap<(u32, u32), &str> = windows
-        .iter()
-        .filter(|(id, _)| id.kind == MapKind::Affinity)
-        .map(|(id, slot)| ((slot.shard, slot.offset), id.chain.as_str()))
-        .collect();
+    let chain_at: BTreeMap<(u32, u32), &str> =
+        windows.iter().map(|(id, slot)| ((slot.shard, slot.offset), id.chain.as_str())).collect();
     let mut bound: BTreeMap<String, Vec<(usize, SlotTarget)>> = BTreeMap::new();
     for set in table.sets.values() {
         let Some(SharedSet::SlotTargets(shard)) = SharedSet::from_name(&set.name) else { continue };

@@ -7,7 +7,7 @@ use crate::netlink::{FakeNetfilter, SharedFake};
 use crate::nft::ast::{Chain, Element, Owner, Rule, Ruleset, Set, SetShape, Stmt, Table, Value};
 use crate::nft::wire::WireElement;
 use crate::plan::NodePorts;
-use crate::plan::objects::{BalanceMap, MapKind};
+use crate::plan::objects::BalanceMap;
 use crate::plan::tests::{config, state};
 
 fn fixed_nodeports() -> NodePortResolver {
@@ -122,14 +122,14 @@ fn windows_found_in_the_kernel_are_read_from_its_balancing_rules() {
     table.add_set(targets);
     let kernel = lower_ruleset(&Ruleset { tables: vec![table] });
     let crate::plan::placement::Placed { windows: found, affinity } = found_placement(&kernel);
-    let id = |chain: &str, kind| WindowId { family: IpFamily::V4, kind, chain: chain.to_string() };
+    let id = |chain: &str| WindowId { family: IpFamily::V4, chain: chain.to_string() };
+    // The `endpoints-N` windows of an earlier version's chains are not read: nothing uses them
+    // (the restart deletes those chains and maps).
     assert_eq!(
         found,
         vec![
-            (id("a", MapKind::Targets), Slot { shard: 0, offset: 3 * window }),
-            (id("c", MapKind::Targets), Slot { shard: 3, offset: 0 }),
-            (id("service-X", MapKind::Affinity), Slot { shard: 1, offset: window }),
-            (id("local-X", MapKind::Affinity), Slot { shard: 1, offset: 2 * window }),
+            (id("service-X"), Slot { shard: 1, offset: window }),
+            (id("local-X"), Slot { shard: 1, offset: 2 * window }),
         ]
     );
     assert_eq!(affinity.len(), 1);
