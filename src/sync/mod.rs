@@ -570,10 +570,9 @@ impl Syncer {
                 delta.add_up_front(placement.maps());
             }
             let mut programmed = Programmed::new(infrastructure);
-            // Only for sets the kernel holds: a rebuild or a new table (also one the diff
-            // decides to re-create) starts them empty.
-            let flushes: Vec<SlotFlush> =
-                flushes.into_iter().filter(|f| !rebuild && !delta.creates_table(f.family)).collect();
+            // Only for tables the transaction keeps: one it creates (at a cold start, a rebuild,
+            // or because the diff re-creates it) starts its sets empty.
+            let flushes: Vec<SlotFlush> = flushes.into_iter().filter(|f| !delta.creates_table(f.family)).collect();
             let forget = slot_deletions(&mut *self.kernel, &self.config.table, &flushes)?;
             let prepended = &self.prepended;
             let guard = before.filter(|_| stale_reads < MAX_STALE_READS);
