@@ -7,11 +7,11 @@ use std::sync::Arc;
 use nftnl_sys as sys;
 
 use super::NetlinkError;
-use super::decode::{a, dump_elements};
+use super::decode::{a, absent_is_empty, dump_elements};
 use super::socket::Socket;
 use crate::net::IpFamily;
 use crate::nft::lower::nfproto;
-use crate::nft::wire::{WireKey, udata};
+use crate::nft::wire::udata;
 
 /// One counted element as the kernel holds it now.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -58,30 +58,4 @@ pub(super) fn read_counted(
         absent_is_empty(dumped)?;
     }
     Ok(())
-}
-
-/// The keys of one set's elements; none when the set does not exist.
-pub(super) fn read_keys(
-    sock: &mut Socket,
-    family: IpFamily,
-    table: &str,
-    set: &str,
-) -> Result<Vec<WireKey>, NetlinkError> {
-    let fam = u16::try_from(nfproto(family)).unwrap_or(2);
-    let mut out = Vec::new();
-    let dumped = dump_elements(sock, fam, table, set, |e| {
-        if let Some(key) = e.data(a(sys::NFTNL_SET_ELEM_KEY)) {
-            out.push(WireKey::new(&key));
-        }
-    });
-    absent_is_empty(dumped)?;
-    Ok(out)
-}
-
-/// A dump of a set or table that does not exist (`ENOENT`) is an empty one.
-fn absent_is_empty(dumped: Result<(), NetlinkError>) -> Result<(), NetlinkError> {
-    match dumped {
-        Err(NetlinkError::Dump(e)) if e.raw_os_error() == Some(libc::ENOENT) => Ok(()),
-        other => other,
-    }
 }

@@ -224,6 +224,32 @@ pub(super) fn dump_elements(
     })
 }
 
+/// The keys of one set's elements; none when the set does not exist.
+pub(super) fn read_keys(
+    sock: &mut Socket,
+    family: IpFamily,
+    table: &str,
+    set: &str,
+) -> Result<Vec<WireKey>, NetlinkError> {
+    let fam = u16::try_from(nfproto(family)).unwrap_or(2);
+    let mut out = Vec::new();
+    let dumped = dump_elements(sock, fam, table, set, |e| {
+        if let Some(key) = e.data(a(sys::NFTNL_SET_ELEM_KEY)) {
+            out.push(WireKey::new(&key));
+        }
+    });
+    absent_is_empty(dumped)?;
+    Ok(out)
+}
+
+/// A dump of a set or table that does not exist (`ENOENT`) is an empty one.
+pub(super) fn absent_is_empty(dumped: Result<(), NetlinkError>) -> Result<(), NetlinkError> {
+    match dumped {
+        Err(NetlinkError::Dump(e)) if e.raw_os_error() == Some(libc::ENOENT) => Ok(()),
+        other => other,
+    }
+}
+
 fn read_elements(sock: &mut Socket, fam: u16, table: &str, set: &mut WireSet) -> Result<(), NetlinkError> {
     let mut comments: HashMap<Vec<u8>, (Arc<[u8]>, Owner)> = HashMap::new();
     // Collected in the kernel's dump order, then sorted in place: the vector is the set's

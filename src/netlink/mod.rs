@@ -334,7 +334,7 @@ impl Netfilter for Kernel {
     }
 
     fn set_keys(&mut self, family: IpFamily, table: &str, set: &str) -> Result<Vec<WireKey>, NetlinkError> {
-        counters::read_keys(&mut self.socket, family, table, set)
+        decode::read_keys(&mut self.socket, family, table, set)
     }
 
     fn generation(&mut self) -> Result<Option<u32>, NetlinkError> {
