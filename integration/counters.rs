@@ -110,10 +110,9 @@ fn connections_and_rejects_are_counted_per_service_port() {
     assert_eq!(sample(&scraper.scrape(), connections, &labels("empty", "http", "TCP", None)), 0);
 
     // A Local NodePort without endpoints on node1: dropped (UDP: one datagram per attempt, no
-    // retransmission to count twice).
-    for _ in 0..3 {
-        lab.ask("client", L4Proto::Udp, "192.168.50.2:30091").expect_err("no local endpoints");
-    }
+    // retransmission to count twice; a tally's asks are distinct flows).
+    let u = lab.tally("client", L4Proto::Udp, "192.168.50.2:30091", 3);
+    assert_eq!(u.failed(), 3, "no local endpoints: {u:?}");
     scraper.expect(rejects, &labels("remote", "dns", "UDP", Some("no_local_endpoints")), 3);
     // Its ClusterIP still reaches node2's endpoint from a pod: a connection.
     let t = lab.tally("web-1", L4Proto::Tcp, "10.96.0.30:80", 4);

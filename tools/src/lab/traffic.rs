@@ -33,8 +33,8 @@ pub fn tcp_ask(target: SocketAddr, timeout: Duration) -> io::Result<Answer> {
     parse(&text)
 }
 
-/// Sends a UDP datagram to `target` (from `local`, if given) and reads the answer.
-pub fn udp_ask(target: SocketAddr, local: Option<SocketAddr>, timeout: Duration) -> io::Result<Answer> {
+/// A UDP socket bound to `local` (or an ephemeral port) and connected to `target`.
+fn udp_socket(target: SocketAddr, local: Option<SocketAddr>, timeout: Duration) -> io::Result<UdpSocket> {
     let bind = local.unwrap_or_else(|| match target {
         SocketAddr::V4(_) => "0.0.0.0:0".parse().unwrap_or(target),
         SocketAddr::V6(_) => "[::]:0".parse().unwrap_or(target),
@@ -42,10 +42,20 @@ pub fn udp_ask(target: SocketAddr, local: Option<SocketAddr>, timeout: Duration)
     let socket = UdpSocket::bind(bind)?;
     socket.set_read_timeout(Some(timeout))?;
     socket.connect(target)?;
+    Ok(socket)
+}
+
+/// Sends one datagram on a connected socket and reads the answer.
+fn udp_exchange(socket: &UdpSocket) -> io::Result<Answer> {
     socket.send(b"who\n")?;
     let mut buf = [0u8; 512];
     let n = socket.recv(&mut buf)?;
     parse(&String::from_utf8_lossy(&buf[..n]))
+}
+
+/// Sends a UDP datagram to `target` (from `local`, if given) and reads the answer.
+pub fn udp_ask(target: SocketAddr, local: Option<SocketAddr>, timeout: Duration) -> io::Result<Answer> {
+    udp_exchange(&udp_socket(target, local, timeout)?)
 }
 
 /// Asks over `protocol`.
@@ -81,8 +91,20 @@ impl Tally {
 pub fn tally(protocol: L4Proto, target: SocketAddr, n: usize, timeout: Duration) -> Tally {
     let started = Instant::now();
     let mut t = Tally::default();
+    // Each UDP ask's socket stays bound until the tally ends: an ephemeral port picked again
+    // would meet the earlier ask's conntrack entry and be one flow, not two (no new
+    // connection to balance or count).
+    let mut held = Vec::new();
     for _ in 0..n {
-        match ask(protocol, target, timeout) {
+        let answer = match protocol {
+            L4Proto::Udp => udp_socket(target, None, timeout).and_then(|socket| {
+                let answer = udp_exchange(&socket);
+                held.push(socket);
+                answer
+            }),
+            _ => ask(protocol, target, timeout),
+        };
+        match answer {
             Ok(a) => {
                 *t.by_backend.entry(a.backend).or_default() += 1;
                 *t.sources.entry(a.source).or_default() += 1;
