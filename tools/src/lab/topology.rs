@@ -118,6 +118,11 @@ impl Lab {
         for key in ["net.ipv4.conf.all.send_redirects", "net.ipv4.conf.default.send_redirects"] {
             sysctl(&ns, key, "0")?;
         }
+        // Nor does it limit its ICMP errors per peer (a burst of 6, then one a second): the
+        // tests count rejects exactly, and a port-unreachable held back makes the client retry
+        // and be rejected, and counted, again.
+        sysctl(&ns, "net.ipv4.icmp_ratelimit", "0")?;
+        sysctl(&ns, "net.ipv6.icmp.ratelimit", "0")?;
         let wan_if = format!("wan-n{index}");
         self.wan.ip(&["link", "add", &wan_if, "type", "veth", "peer", "name", "eth0", "netns", ns.name()])?;
         self.wan.ip(&["link", "set", &wan_if, "master", "br-wan", "up"])?;
