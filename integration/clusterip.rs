@@ -66,7 +66,8 @@ fn a_service_without_endpoints_is_refused_at_once() {
         let started = Instant::now();
         let err = lab.ask(who, L4Proto::Tcp, "10.96.0.20:80").expect_err("no endpoints");
         assert_eq!(err.kind(), std::io::ErrorKind::ConnectionRefused, "{who}: {err}");
-        assert!(started.elapsed() < Duration::from_millis(500), "{who}: took {:?}", started.elapsed());
+        // At once: well under the 1 s SYN retransmission a dropped SYN would wait for.
+        assert!(started.elapsed() < Duration::from_millis(900), "{who}: took {:?}", started.elapsed());
         let err = lab.ask(who, L4Proto::Udp, "10.96.0.20:53").expect_err("no endpoints");
         // The node's own UDP send is rejected in the output hook, which the kernel reports to
         // the sender as EPERM; elsewhere the ICMP error reports "connection refused".

@@ -220,7 +220,7 @@ fn flows_survive_a_restart_and_go_with_their_deleted_service() {
     assert!(tracked(&of_web) && tracked(&of_keep), "no flush on restart: {:?}", udp_flows(&lab));
 
     // default/web is deleted: its ClusterIP, ExternalIP and NodePort flows go, keep's stay.
-    std::fs::write(&manifests, format!("{keep}{}", node())).unwrap();
+    rewrite(&manifests, &format!("{keep}{}", node()));
     let gone = lab.eventually(Duration::from_secs(10), || of_web.iter().all(|(s, t)| flow(&lab, *s, t).is_none()));
     assert!(gone, "{:?}\n{}", udp_flows(&lab), lab.proxy_log());
     assert!(!lab.listing().contains("default/web"));

@@ -209,7 +209,8 @@ fn scrape_cost_at_ten_thousand_services() {
     assert!(series >= size.services, "{series} series");
     // Bounded: well under a scrape interval, even unoptimised.
     assert!(read[2] < Duration::from_secs(2), "scrape reading the kernel took {:?}", read[2]);
-    assert!(cached[2] < read[2], "the cache answers faster ({:?} vs {:?})", cached[2], read[2]);
+    // The fastest of each: a load spike on a busy machine slows single scrapes, not all five.
+    assert!(cached[0] < read[0], "the cache answers faster ({:?} vs {:?})", cached[0], read[0]);
 }
 
 /// A node upgraded from a version without counters: its dispatch sets and maps are recreated

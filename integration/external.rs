@@ -220,7 +220,7 @@ fn health_check_node_port_follows_local_endpoints() {
             endpoints,
             ..Default::default()
         }]);
-        std::fs::write(dir.join("cluster.yaml"), yaml).unwrap();
+        rewrite(&dir.join("cluster.yaml"), &yaml);
     };
     write(&[WEB_1, WEB_2, WEB_3]);
     let _proxy = lab.run_proxy(&dir, &[]);
@@ -245,7 +245,7 @@ fn health_check_node_port_follows_local_endpoints() {
     assert_eq!(serde_json::from_str::<serde_json::Value>(&body).unwrap()["localEndpoints"], 0);
 
     // The service goes away: so does its server.
-    std::fs::write(dir.join("cluster.yaml"), services_yaml(&[])).unwrap();
+    rewrite(&dir.join("cluster.yaml"), &services_yaml(&[]));
     let closed = lab.eventually(Duration::from_secs(3), || lab.http_get("client", "192.168.50.2:30999", "/").is_err());
     assert!(closed, "health-check server closed with its service");
 }

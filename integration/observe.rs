@@ -199,8 +199,10 @@ fn the_first_sync_waits_for_the_node_and_a_busy_health_check_port_is_an_event() 
     }
     let kubeconfig = lab.write("kubeconfig", &api.kubeconfig());
     let (_proxy, applied_at) = std::thread::scope(|scope| {
+        // The Node arrives once the proxy has said it is waiting for it.
         let late = scope.spawn(|| {
-            std::thread::sleep(Duration::from_millis(1500));
+            let waiting = lab.eventually(Duration::from_secs(20), || lab.proxy_log().contains("not found"));
+            assert!(waiting, "never waited for the Node:\n{}", lab.proxy_log());
             let at = SystemTime::now();
             for obj in node {
                 api.apply(obj);

@@ -222,16 +222,27 @@ fn kill_9_during_large_syncs_leaves_old_or_new_rules_and_traffic_flows() {
         })
     };
 
-    // Kill at random points of the start-up sync that moves the kernel to the other version.
+    // Kill at random points of the start-up sync that moves the kernel to the other version:
+    // at least `rounds` kills, and more (up to 60) until both outcomes were seen. The span of
+    // delays follows what happens, since a loaded machine's start-ups are not the timed one's:
+    // it widens while every kill lands before the commit and narrows while every kill after.
     let mut seed = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos() as u64 | 1;
     eprintln!("kill -9 test: seed {seed}, {rounds} rounds, a new process converges in {converge:?}");
     let mut in_kernel = 1;
     let (mut old, mut new) = (0, 0);
-    for round in 0..rounds {
+    let mut span = 1.3;
+    let mut round = 0;
+    while round < rounds || ((old == 0 || new == 0) && round < 60) {
+        round += 1;
+        if round > 4 && new == 0 {
+            span *= 1.3;
+        } else if round > 4 && old == 0 {
+            span /= 1.3;
+        }
         seed ^= seed << 13;
         seed ^= seed >> 7;
         seed ^= seed << 17;
-        let delay = converge.mul_f64(1.3 * (seed % 1000) as f64 / 1000.0);
+        let delay = converge.mul_f64(span * (seed % 1000) as f64 / 1000.0);
         let target = 1 - in_kernel;
         std::fs::write(&manifests, &versions[target]).unwrap();
         let mut proxy = spawn_run(&lab, &manifests, &[], "kill.log");

@@ -53,7 +53,7 @@ fn status_shows_what_run_programmed_and_what_it_left_out() {
     }
 
     // An edit shows in the next answer, as programmed by the next sync: the problem is gone.
-    std::fs::write(&path, web_manifests(&[WEB_1])).unwrap();
+    rewrite(&path, &web_manifests(&[WEB_1]));
     assert!(
         lab.eventually(Duration::from_secs(10), || {
             let (_, text, _) = status(&lab, &["--service", "default/web"]);

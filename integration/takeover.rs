@@ -163,16 +163,25 @@ fn kube_proxys_leftovers_go_in_the_first_sync_with_no_gap() {
         .stdout(std::fs::File::create(&monitor_path).unwrap())
         .spawn()
         .unwrap();
-    std::thread::sleep(Duration::from_millis(300));
+    // Subscribed once it reports a probe table's coming and going.
+    let node = &lab.lab.node("node1").ns;
+    let subscribed = lab.eventually(Duration::from_secs(5), || {
+        node.exec("nft", &["add", "table", "inet", "monitor-probe"]).unwrap();
+        node.exec("nft", &["delete", "table", "inet", "monitor-probe"]).unwrap();
+        std::fs::read_to_string(&monitor_path).unwrap_or_default().contains("monitor-probe")
+    });
+    assert!(subscribed, "nft monitor reported nothing");
 
     // A client connects all along: first kube-proxy's rules answer (web-1), then nftproxy's
     // (web-2); no connection may fail in between.
     let stop = AtomicBool::new(false);
+    let rounds = std::sync::atomic::AtomicUsize::new(0);
     let (tally, proxy) = std::thread::scope(|s| {
         let client = s.spawn(|| {
             let mut all = nftproxy_tools::lab::traffic::Tally::default();
             while !stop.load(Ordering::Relaxed) {
                 let t = lab.tally("client", L4Proto::Tcp, "10.96.0.10:80", 10);
+                rounds.fetch_add(1, Ordering::Relaxed);
                 for (k, v) in t.by_backend {
                     *all.by_backend.entry(k).or_default() += v;
                 }
@@ -182,7 +191,11 @@ fn kube_proxys_leftovers_go_in_the_first_sync_with_no_gap() {
             }
             all
         });
-        std::thread::sleep(Duration::from_millis(300));
+        // kube-proxy's rules answered the client before nftproxy starts.
+        assert!(
+            lab.eventually(Duration::from_secs(5), || rounds.load(Ordering::Relaxed) > 0),
+            "the client never asked"
+        );
         let proxy = lab.run_proxy(&manifests, &[]);
         let switched = lab.eventually(Duration::from_secs(5), || {
             lab.ask("client", L4Proto::Tcp, "10.96.0.10:80").is_ok_and(|a| a.backend == "web-2")

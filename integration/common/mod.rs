@@ -150,7 +150,7 @@ impl ClusterLab {
     /// Writes manifests and returns their path.
     pub fn write(&self, name: &str, yaml: &str) -> PathBuf {
         let path = self.dir.path().join(name);
-        std::fs::write(&path, yaml).unwrap();
+        rewrite(&path, yaml);
         path
     }
 
@@ -219,6 +219,15 @@ impl ClusterLab {
         let target: SocketAddr = target.parse().unwrap();
         self.ns(who).run(move || traffic::ask(protocol, target, TIMEOUT)).unwrap()
     }
+}
+
+/// Replaces the manifests at `path` as an editor saving by rename does: a hidden file beside it
+/// (which the watcher skips), renamed over it, so a running proxy never reads it half-written.
+pub fn rewrite(path: &std::path::Path, yaml: &str) {
+    let name = path.file_name().unwrap().to_string_lossy();
+    let staged = path.with_file_name(format!(".{name}.new"));
+    std::fs::write(&staged, yaml).unwrap();
+    std::fs::rename(&staged, path).unwrap();
 }
 
 /// One endpoint of the web service: (pod IP, node, ready).
