@@ -64,7 +64,7 @@ fn ask_from(lab: &ClusterLab, sport: u16, target: &str) -> std::io::Result<Strin
     let local: SocketAddr = format!("0.0.0.0:{sport}").parse().unwrap();
     let target: SocketAddr = target.parse().unwrap();
     let ns = &lab.lab.client("client").unwrap().ns;
-    ns.run(move || traffic::udp_ask(target, Some(local), Duration::from_millis(800))).unwrap().map(|a| a.backend)
+    ns.run(move || traffic::udp_ask(target, Some(local), TIMEOUT)).unwrap().map(|a| a.backend)
 }
 
 /// node1's UDP conntrack entries, as `conntrack -L` prints them.

@@ -2,7 +2,6 @@
 //! fallback, topology hints, stale conntrack cleanup, IPv6 and SCTP.
 
 use std::net::SocketAddr;
-use std::time::Duration;
 
 use crate::common::*;
 use nftproxy::net::L4Proto;
@@ -130,7 +129,7 @@ fn topology_hints_select_the_zone_and_fall_back_without_them() {
 fn udp_from(lab: &ClusterLab, who: &str, local: &str, target: &str) -> std::io::Result<traffic::Answer> {
     let (local, target): (SocketAddr, SocketAddr) = (local.parse().unwrap(), target.parse().unwrap());
     let ns = &lab.lab.client(who).unwrap().ns;
-    ns.run(move || traffic::udp_ask(target, Some(local), Duration::from_millis(800))).unwrap()
+    ns.run(move || traffic::udp_ask(target, Some(local), TIMEOUT)).unwrap()
 }
 
 fn stale_conntrack_case(cleanup: bool) -> (String, String) {
