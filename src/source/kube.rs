@@ -70,11 +70,15 @@ fn namespaced<K: HasMeta>(obj: &K) -> NamespacedName {
     )
 }
 
-/// Turns one kind's API objects into index changes: `convert` gives an object's change and
-/// problems (`None` for objects the source does not want), `deleted` the change of a deletion.
+/// An object's change and problems, `None` for objects the source does not want.
+type Convert<K, T> = Box<dyn Fn(&K) -> Option<(Change<T>, Vec<Problem>)> + Send>;
+/// The change of a deletion.
+type Deleted<K, T> = Box<dyn Fn(&K) -> Change<T> + Send>;
+
+/// Turns one kind's API objects into index changes.
 struct Converter<K, T> {
-    convert: Box<dyn Fn(&K) -> Option<(Change<T>, Vec<Problem>)> + Send>,
-    deleted: Box<dyn Fn(&K) -> Change<T> + Send>,
+    convert: Convert<K, T>,
+    deleted: Deleted<K, T>,
     wrap: fn(Change<T>) -> Update,
     /// The kind may be absent from the API server (404) or not granted (403): the first such
     /// list failure counts as an empty list.

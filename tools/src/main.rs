@@ -19,7 +19,7 @@ enum Command {
     /// Build a lab of network namespaces, send traffic through a ClusterIP and show the results.
     Demo(nftproxy_tools::demo::DemoArgs),
     /// Measure syncs, memory and the data plane at cluster scale in network namespaces.
-    Bench(nftproxy_tools::bench::BenchArgs),
+    Bench(Box<nftproxy_tools::bench::BenchArgs>),
     /// Write the benchmark's synthetic cluster (SERVICESxENDPOINTS) as manifests, for
     /// `nftproxy render|sync|run --manifests`.
     Cluster {
