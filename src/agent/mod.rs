@@ -31,7 +31,7 @@ use crate::nodeaddr::NodePortTargets;
 use crate::plan::HealthCheck;
 use crate::plan::{self, NodePorts, PlanInput};
 use crate::source::kube::{EventPublisher, KubeSourceError, Notice};
-use crate::source::watch::spawn_manifest_watcher;
+use crate::source::watch::{Polling, spawn_manifest_watcher};
 use crate::sync::{SyncError, Synced, Syncer, local_nodeports};
 use crate::takeover::Leftovers;
 use runner::{NodeGate, Observer, Timing};
@@ -344,8 +344,9 @@ pub(crate) fn run(settings: RunSettings) -> Result<(), RunError> {
         SourceSetting::Manifests(path) => {
             info!(path = %path.display(), "watching manifests");
             let hostname = settings.proxy.hostname.clone();
-            let watcher = spawn_manifest_watcher(path.clone(), hostname, tx, Arc::clone(&stop), settings.poll)
-                .map_err(RunError::Thread)?;
+            let watcher =
+                spawn_manifest_watcher(path.clone(), hostname, tx, Arc::clone(&stop), Polling::every(settings.poll))
+                    .map_err(RunError::Thread)?;
             (Some(watcher), NodeGate::Listed)
         }
         SourceSetting::Kubernetes { kubeconfig } => {

@@ -3,26 +3,65 @@
 //!
 //! Files are compared by path, size, modification time and inode every poll interval, so editor
 //! saves (write in place or rename over) are seen. If the path cannot be read, the last good
-//! load stays in force: a file moved away for a moment must not wipe a node's rules. A file
-//! written in place is loaded only once it has been quiet for [`SETTLE`] and did not change
-//! while it was read: a writer caught between truncating and writing would otherwise load as
-//! no objects, and remove every service until the next poll.
+//! load stays in force: a file moved away for a moment must not wipe a node's rules. A change
+//! is held back while a file is being written in place (modified within the settle time, or
+//! empty, as a file is between its truncation and its first write) and loaded again when it
+//! changed while read: a half-written file would otherwise load as fewer objects, or none, and
+//! remove services until the next poll. A change held back for the hold limit is loaded as it
+//! is, with a warning, so that a writer that never stops (or a file emptied on purpose) cannot
+//! keep the node on old rules.
 
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::Sender;
-use std::time::{Duration, SystemTime};
+use std::time::{Duration, Instant, SystemTime};
 
-use tracing::{info, warn};
+use tracing::{debug, info, warn};
 
 use super::{SourceEvent, manifests};
 
 type Fingerprint = Vec<(PathBuf, u64, i64, i64, u64)>;
 
-/// How long the newest file must be unmodified before it is loaded.
-const SETTLE: Duration = Duration::from_millis(50);
+/// How the watcher polls.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Polling {
+    /// How often the files are compared.
+    pub interval: Duration,
+    /// How long every file must be unmodified before a change is loaded.
+    pub settle: Duration,
+    /// How long a change may be held back before it is loaded as it is.
+    pub hold_limit: Duration,
+}
+
+impl Polling {
+    /// Polls every `interval`, loads files quiet for 50 ms, holds a change back for at most 5 s.
+    pub(crate) fn every(interval: Duration) -> Polling {
+        Polling { interval, settle: Duration::from_millis(50), hold_limit: Duration::from_secs(5) }
+    }
+}
+
+/// Why a change is not loaded yet.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Hold {
+    /// A file was modified within the settle time.
+    Writing(PathBuf),
+    /// A file is empty: truncated, not written yet.
+    Empty(PathBuf),
+    /// The files changed while they were read.
+    ChangedWhileRead,
+}
+
+impl std::fmt::Display for Hold {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Hold::Writing(file) => write!(f, "{} is being written", file.display()),
+            Hold::Empty(file) => write!(f, "{} is empty", file.display()),
+            Hold::ChangedWhileRead => f.write_str("the manifests changed while they were read"),
+        }
+    }
+}
 
 fn fingerprint(path: &Path) -> Option<Fingerprint> {
     let files = manifests::manifest_files(path).ok()?;
@@ -34,14 +73,21 @@ fn fingerprint(path: &Path) -> Option<Fingerprint> {
     Some(out)
 }
 
-/// Whether no file of `print` was modified within [`SETTLE`] of `now`. A modification time in
-/// the future (a skewed clock) counts as settled, or the file would never load.
-fn settled(print: &Fingerprint, now: SystemTime) -> bool {
-    print.iter().all(|(_, _, secs, nsecs, _)| {
+/// Why the files of `print` look unfinished at `now`, if they do. A modification time in the
+/// future (a skewed clock) counts as settled, or the file would be held back for nothing.
+fn unfinished(print: &Fingerprint, now: SystemTime, settle: Duration) -> Option<Hold> {
+    print.iter().find_map(|(file, len, secs, nsecs, _)| {
         let modified = u64::try_from(*secs)
             .ok()
             .and_then(|s| SystemTime::UNIX_EPOCH.checked_add(Duration::new(s, u32::try_from(*nsecs).unwrap_or(0))));
-        modified.and_then(|m| now.duration_since(m).ok()).is_none_or(|age| age >= SETTLE)
+        let age = modified.and_then(|m| now.duration_since(m).ok());
+        if age.is_some_and(|age| age < settle) {
+            Some(Hold::Writing(file.clone()))
+        } else if *len == 0 {
+            Some(Hold::Empty(file.clone()))
+        } else {
+            None
+        }
     })
 }
 
@@ -73,35 +119,58 @@ pub(crate) fn watch_manifests(
     hostname: &str,
     tx: &Sender<SourceEvent>,
     stop: &AtomicBool,
-    interval: Duration,
+    polling: Polling,
 ) {
     let mut last: Option<Fingerprint> = None;
+    // Since when the current change has been held back.
+    let mut held_since: Option<Instant> = None;
     while !stop.load(Ordering::Relaxed) {
         let now = fingerprint(path);
-        let changed = now.as_ref().is_some_and(|print| Some(print) != last.as_ref());
-        if changed && !now.as_ref().is_some_and(|print| settled(print, SystemTime::now())) {
-            std::thread::sleep(SETTLE.min(interval));
-            continue;
-        }
-        if changed {
-            match load_events(path, hostname) {
-                // Written to while it was read: the next poll loads what the writer ends with.
-                Ok(_) if fingerprint(path) != now => {}
-                Ok(events) => {
-                    for event in events {
-                        if tx.send(event).is_err() {
-                            return;
+        match now.as_ref().filter(|print| Some(*print) != last.as_ref()) {
+            Some(print) => {
+                let overdue = held_since.is_some_and(|since| since.elapsed() >= polling.hold_limit);
+                let hold = unfinished(print, SystemTime::now(), polling.settle);
+                match hold {
+                    Some(hold) if !overdue => {
+                        if held_since.is_none() {
+                            debug!(path = %path.display(), "holding the change back: {hold}");
                         }
+                        held_since.get_or_insert_with(Instant::now);
+                        std::thread::sleep(polling.settle.min(polling.interval));
+                        continue;
                     }
-                    last = now;
+                    Some(hold) => warn!(
+                        path = %path.display(),
+                        "{hold} after {:?}: loading the manifests as they are", polling.hold_limit
+                    ),
+                    None => {}
                 }
-                Err(e) => warn!("{e}; keeping the last loaded manifests"),
+                match load_events(path, hostname) {
+                    Ok(_) if !overdue && fingerprint(path) != now => {
+                        debug!(path = %path.display(), "holding the change back: {}", Hold::ChangedWhileRead);
+                        held_since.get_or_insert_with(Instant::now);
+                    }
+                    Ok(events) => {
+                        for event in events {
+                            if tx.send(event).is_err() {
+                                return;
+                            }
+                        }
+                        last = now;
+                        held_since = None;
+                    }
+                    Err(e) => warn!("{e}; keeping the last loaded manifests"),
+                }
             }
-        } else if now.is_none() && last.is_some() {
-            warn!(path = %path.display(), "manifests unreadable; keeping the last loaded ones");
-            last = None;
+            None => {
+                held_since = None;
+                if now.is_none() && last.is_some() {
+                    warn!(path = %path.display(), "manifests unreadable; keeping the last loaded ones");
+                    last = None;
+                }
+            }
         }
-        std::thread::sleep(interval);
+        std::thread::sleep(polling.interval);
     }
 }
 
@@ -111,35 +180,70 @@ pub(crate) fn spawn_manifest_watcher(
     hostname: String,
     tx: Sender<SourceEvent>,
     stop: Arc<AtomicBool>,
-    interval: Duration,
+    polling: Polling,
 ) -> std::io::Result<std::thread::JoinHandle<()>> {
     std::thread::Builder::new()
         .name("manifests".into())
-        .spawn(move || watch_manifests(&path, &hostname, &tx, &stop, interval))
+        .spawn(move || watch_manifests(&path, &hostname, &tx, &stop, polling))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::index::{Change, Update};
+    use std::sync::mpsc::Receiver;
 
-    fn print_modified_at(at: SystemTime) -> Fingerprint {
+    fn print_of(len: u64, at: SystemTime) -> Fingerprint {
         let since = at.duration_since(SystemTime::UNIX_EPOCH).expect("after the epoch");
         let secs = i64::try_from(since.as_secs()).expect("seconds");
-        vec![(PathBuf::from("a.yaml"), 10, secs, i64::from(since.subsec_nanos()), 1)]
+        vec![(PathBuf::from("a.yaml"), len, secs, i64::from(since.subsec_nanos()), 1)]
     }
 
     #[test]
-    fn a_file_modified_just_now_is_not_settled() {
+    fn a_file_modified_just_now_or_empty_is_unfinished() {
+        let settle = Duration::from_millis(50);
         let now = SystemTime::now();
-        assert!(!settled(&print_modified_at(now - SETTLE / 2), now));
-        assert!(settled(&print_modified_at(now - SETTLE), now));
-        assert!(settled(&print_modified_at(now - Duration::from_secs(3600)), now));
-        // A clock behind the file's time must not hold it back for ever.
-        assert!(settled(&print_modified_at(now + Duration::from_secs(5)), now));
-        // Every file counts: one fresh file among old ones holds the load.
-        let mut both = print_modified_at(now - Duration::from_secs(60));
-        both.extend(print_modified_at(now));
-        assert!(!settled(&both, now));
+        let writing = Some(Hold::Writing(PathBuf::from("a.yaml")));
+        assert_eq!(unfinished(&print_of(10, now - settle / 2), now, settle), writing);
+        assert_eq!(unfinished(&print_of(10, now - settle), now, settle), None);
+        assert_eq!(unfinished(&print_of(10, now - Duration::from_secs(3600)), now, settle), None);
+        // A clock behind the file's time must not hold it back.
+        assert_eq!(unfinished(&print_of(10, now + Duration::from_secs(5)), now, settle), None);
+        // Truncated and not written yet.
+        let old = now - Duration::from_secs(60);
+        assert_eq!(unfinished(&print_of(0, old), now, settle), Some(Hold::Empty(PathBuf::from("a.yaml"))));
+        // Every file counts: one fresh file among old ones holds the change.
+        let mut both = print_of(10, old);
+        both.extend(print_of(10, now));
+        assert_eq!(unfinished(&both, now, settle), writing);
+    }
+
+    const WEB: &str = "apiVersion: v1\nkind: Service\nmetadata: {name: web, namespace: default}\n\
+                       spec: {clusterIP: 10.96.0.10, ports: [{name: http, port: 80, protocol: TCP}]}\n";
+
+    /// Watches `file` with `polling` and returns the receiver and a stop for the watcher.
+    fn watch(file: &Path, polling: Polling) -> (Receiver<SourceEvent>, impl FnOnce(Receiver<SourceEvent>)) {
+        let (tx, rx) = std::sync::mpsc::channel();
+        let stop = Arc::new(AtomicBool::new(false));
+        let watcher = spawn_manifest_watcher(file.to_path_buf(), "node1".into(), tx, Arc::clone(&stop), polling)
+            .expect("watcher");
+        let end = move |rx: Receiver<SourceEvent>| {
+            stop.store(true, Ordering::Relaxed);
+            drop(rx);
+            watcher.join().expect("joined");
+        };
+        (rx, end)
+    }
+
+    /// The number of services in the first complete list of Services sent within 10 s.
+    fn first_services(rx: &Receiver<SourceEvent>) -> Option<usize> {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while let Some(left) = deadline.checked_duration_since(Instant::now()) {
+            if let Ok(SourceEvent::Update(Update::Service(Change::Reset(list)))) = rx.recv_timeout(left) {
+                return Some(list.len());
+            }
+        }
+        None
     }
 
     #[test]
@@ -147,31 +251,38 @@ mod tests {
         let dir = tempfile::tempdir().expect("dir");
         let file = dir.path().join("cluster.yaml");
         std::fs::write(&file, "").expect("truncated");
-        let (tx, rx) = std::sync::mpsc::channel();
-        let stop = Arc::new(AtomicBool::new(false));
-        let watcher =
-            spawn_manifest_watcher(file.clone(), "node1".into(), tx, Arc::clone(&stop), Duration::from_millis(5))
-                .expect("watcher");
-        // The writer finishes within the settle time: the empty file is never loaded.
-        std::thread::sleep(SETTLE / 5);
-        std::fs::write(
-            &file,
-            "apiVersion: v1\nkind: Service\nmetadata: {name: web, namespace: default}\n\
-             spec: {clusterIP: 10.96.0.10, ports: [{name: http, port: 80, protocol: TCP}]}\n",
-        )
-        .expect("written");
-        let services = rx
-            .iter()
-            .find_map(|event| match event {
-                SourceEvent::Update(crate::index::Update::Service(crate::index::Change::Reset(list))) => {
-                    Some(list.len())
-                }
-                _ => None,
-            })
-            .expect("an update");
-        stop.store(true, Ordering::Relaxed);
-        drop(rx);
-        watcher.join().expect("joined");
-        assert_eq!(services, 1, "the first load saw the written file");
+        // A settle time far above the writer's pause: only a watcher that does not wait fails.
+        let polling = Polling {
+            interval: Duration::from_millis(5),
+            settle: Duration::from_secs(1),
+            ..Polling::every(Duration::ZERO)
+        };
+        let (rx, end) = watch(&file, polling);
+        std::thread::sleep(Duration::from_millis(10));
+        std::fs::write(&file, WEB).expect("written");
+        let services = first_services(&rx);
+        end(rx);
+        assert_eq!(services, Some(1), "the first load saw the written file");
+    }
+
+    #[test]
+    fn an_empty_file_is_held_back_then_believed() {
+        let dir = tempfile::tempdir().expect("dir");
+        let file = dir.path().join("cluster.yaml");
+        std::fs::write(&file, WEB).expect("written");
+        let polling = Polling {
+            interval: Duration::from_millis(5),
+            settle: Duration::ZERO,
+            hold_limit: Duration::from_millis(300),
+        };
+        let (rx, end) = watch(&file, polling);
+        assert_eq!(first_services(&rx), Some(1));
+        std::fs::write(&file, "").expect("emptied");
+        let emptied = Instant::now();
+        let services = first_services(&rx);
+        let waited = emptied.elapsed();
+        end(rx);
+        assert_eq!(services, Some(0), "an empty file held for the hold limit is loaded");
+        assert!(waited >= polling.hold_limit, "loaded after {waited:?}, before the hold limit");
     }
 }
