@@ -201,7 +201,8 @@ fn the_first_sync_waits_for_the_node_and_a_busy_health_check_port_is_an_event() 
     let (_proxy, applied_at) = std::thread::scope(|scope| {
         // The Node arrives once the proxy has said it is waiting for it.
         let late = scope.spawn(|| {
-            let waiting = lab.eventually(Duration::from_secs(20), || lab.proxy_log().contains("not found"));
+            let waiting =
+                lab.eventually(Duration::from_secs(20), || lab.proxy_log().contains("node \\\"node1\\\" not found"));
             assert!(waiting, "never waited for the Node:\n{}", lab.proxy_log());
             let at = SystemTime::now();
             for obj in node {

@@ -217,7 +217,7 @@ fn run_applies_a_manifest_edit_promptly_and_exports_metrics() {
         &["--metrics-bind-address", "127.0.0.1:10249", "--sync-period", "1s", "--table-ownership", "false"],
     );
 
-    // A poll (200 ms), the settle time (50 ms) and a sync: typically 150–350 ms. The bound is
+    // A poll (200 ms), the settle time (50 ms) and a sync: typically 0.15–0.35 s. The bound is
     // loose, for a loaded CI machine running a debug build; the figure is printed.
     let edited = Instant::now();
     rewrite(&file, &web_manifests(&[WEB_1]).replace("10.96.0.20", "10.96.0.21"));

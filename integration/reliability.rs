@@ -230,12 +230,12 @@ fn kill_9_during_large_syncs_leaves_old_or_new_rules_and_traffic_flows() {
     eprintln!("kill -9 test: seed {seed}, {rounds} rounds, a new process converges in {converge:?}");
     let mut in_kernel = 1;
     let (mut old, mut new) = (0, 0);
-    let mut span = 1.3;
+    let mut span: f64 = 1.3;
     let mut round = 0;
     while round < rounds || ((old == 0 || new == 0) && round < 60) {
         round += 1;
         if round > 4 && new == 0 {
-            span *= 1.3;
+            span = (span * 1.3).min(4.0);
         } else if round > 4 && old == 0 {
             span /= 1.3;
         }
@@ -247,6 +247,10 @@ fn kill_9_during_large_syncs_leaves_old_or_new_rules_and_traffic_flows() {
         std::fs::write(&manifests, &versions[target]).unwrap();
         let mut proxy = spawn_run(&lab, &manifests, &[], "kill.log");
         std::thread::sleep(delay);
+        if let Some(status) = proxy.try_wait().unwrap() {
+            let log = std::fs::read_to_string(lab.dir.path().join("kill.log")).unwrap_or_default();
+            panic!("round {round}: nftproxy exited ({status}) before the kill:\n{log}");
+        }
         kill9(&mut proxy);
         let now = canonicalize(&lab.listing());
         if now == expected[target] {

@@ -191,6 +191,8 @@ fn kube_proxys_leftovers_go_in_the_first_sync_with_no_gap() {
             }
             all
         });
+        // The client stops when this scope ends, also by a failed assertion (the scope joins it).
+        let _stop_client = SetOnDrop(&stop);
         // kube-proxy's rules answered the client before nftproxy starts.
         assert!(
             lab.eventually(Duration::from_secs(5), || rounds.load(Ordering::Relaxed) > 0),
@@ -304,4 +306,13 @@ fn check_lists_what_run_removes_and_the_flag_keeps_it() {
     let listing = lab.listing();
     assert!(listing.contains("table ip kube-proxy") && listing.contains("KUBE-SVC-WEB"), "{listing}");
     assert!(lab.lab.node("node1").ns.ip(&["link", "show", "kube-ipvs0"]).is_ok_and(|o| o.status.success()));
+}
+
+/// Sets its flag when dropped.
+struct SetOnDrop<'a>(&'a AtomicBool);
+
+impl Drop for SetOnDrop<'_> {
+    fn drop(&mut self) {
+        self.0.store(true, Ordering::Relaxed);
+    }
 }

@@ -87,19 +87,27 @@ impl Tally {
     }
 }
 
-/// Asks `n` times and counts who answered.
+/// How many of a tally's last UDP sockets stay bound (see [`tally`]).
+const HELD_UDP_SOCKETS: usize = 512;
+
+/// Asks `n` times and counts who answered: every UDP ask from an ephemeral port none of the
+/// last 512 asks holds, so each is a flow of its own.
 pub fn tally(protocol: L4Proto, target: SocketAddr, n: usize, timeout: Duration) -> Tally {
     let started = Instant::now();
     let mut t = Tally::default();
-    // Each UDP ask's socket stays bound until the tally ends: an ephemeral port picked again
-    // would meet the earlier ask's conntrack entry and be one flow, not two (no new
-    // connection to balance or count).
-    let mut held = Vec::new();
+    // Each UDP ask's socket stays bound while the next asks are made: an ephemeral port picked
+    // again would meet the earlier ask's conntrack entry and be one flow, not two (no new
+    // connection to balance or count). The last HELD_UDP_SOCKETS are held, within the usual
+    // limit of 1,024 open files; tests that count flows exactly ask fewer times.
+    let mut held = std::collections::VecDeque::new();
     for _ in 0..n {
         let answer = match protocol {
             L4Proto::Udp => udp_socket(target, None, timeout).and_then(|socket| {
                 let answer = udp_exchange(&socket);
-                held.push(socket);
+                if held.len() == HELD_UDP_SOCKETS {
+                    held.pop_front();
+                }
+                held.push_back(socket);
                 answer
             }),
             _ => ask(protocol, target, timeout),
