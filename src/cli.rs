@@ -524,13 +524,7 @@ fn explain(args: &ExplainArgs) -> Result<(), CliError> {
         Some(path) => {
             let config = args.proxy.config()?;
             let state = load_state(&ManifestArgs { manifests: path.clone(), proxy: args.proxy.clone() }, &config)?;
-            let targets = crate::nodeaddr::resolve(&config.nodeport_addresses, state.node());
-            let planned = plan(&PlanInput {
-                config: &config,
-                state: &state,
-                nodeports_v4: &targets.v4,
-                nodeports_v6: &targets.v6,
-            });
+            let (planned, targets) = plan_here(&config, &state);
             // Offline, the node's addresses are the Node's and the node-port addresses; a
             // connection from the node starts at one of them.
             let mut locals: Vec<IpAddr> = state.node().map(|n| n.internal_ips.clone()).unwrap_or_default();
@@ -746,18 +740,24 @@ pub(crate) fn load_state(args: &ManifestArgs, config: &ProxyConfig) -> Result<Cl
     Ok(state)
 }
 
-/// The ruleset for a state as nft text, node-port addresses resolved in this namespace and
-/// endpoint windows placed from nothing (`render`).
-pub fn render(config: &ProxyConfig, state: &ClusterState) -> String {
+/// The plan for a state, node-port addresses resolved in this namespace and endpoint windows
+/// placed from nothing (what `render` prints and `explain --manifests` walks), and those
+/// addresses.
+fn plan_here(config: &ProxyConfig, state: &ClusterState) -> (crate::plan::Plan, crate::nodeaddr::NodePortTargets) {
     let targets = crate::nodeaddr::resolve(&config.nodeport_addresses, state.node());
-    plan(&PlanInput { config, state, nodeports_v4: &targets.v4, nodeports_v6: &targets.v6 }).ruleset.to_string()
+    let planned = plan(&PlanInput { config, state, nodeports_v4: &targets.v4, nodeports_v6: &targets.v6 });
+    (planned, targets)
+}
+
+/// The ruleset for a state as nft text (`render`).
+pub fn render(config: &ProxyConfig, state: &ClusterState) -> String {
+    plan_here(config, state).0.ruleset.to_string()
 }
 
 /// Writes the ruleset for a state as nft text to `out` (what `render` prints).
 fn write_rendered(config: &ProxyConfig, state: &ClusterState, out: &mut impl std::io::Write) -> std::io::Result<()> {
-    let targets = crate::nodeaddr::resolve(&config.nodeport_addresses, state.node());
     let started = std::time::Instant::now();
-    let planned = plan(&PlanInput { config, state, nodeports_v4: &targets.v4, nodeports_v6: &targets.v6 });
+    let (planned, _) = plan_here(config, state);
     tracing::debug!(ms = started.elapsed().as_millis() as u64, "planned");
     write!(out, "{}", planned.ruleset)?;
     out.flush()
