@@ -97,7 +97,12 @@ fn numbered(name: &str, prefix: &str) -> Option<u32> {
 }
 
 /// A set or map that every service port may add elements to. Elements of one key may be claimed
-/// by several services (conflicting input): the first in name order wins, everywhere.
+/// by several services (conflicting input): within one set the first in name order wins, in full
+/// and partial syncs alike. Claims are per set, so when the services put the key in different
+/// sets (an ExternalIP equal to another service's ClusterIP; one address in a Cluster and a
+/// Local service; endpoint maps of different counts) both elements are written and the lookup
+/// order decides: the `services` chain looks up ClusterIPs, then external IPs, then Local
+/// ones, and the balancing chains try the smallest endpoint count first.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub(crate) enum SharedSet {
     ClusterIps,

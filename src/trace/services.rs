@@ -183,8 +183,10 @@ impl ServiceDirectory {
     }
 }
 
-/// The first claimant names the port (a key claimed by two ports is conflicting input: the
-/// first in name order wins, as in nftproxy's planning); every map is listed.
+/// The first claimant in name order names the port; every map is listed. A key claimed by two
+/// ports is conflicting input: within one map the first in name order wins, as in nftproxy's
+/// planning, but across maps the lookup order does (see `SharedSet`), which this name need
+/// not follow; the maps listed show the conflict.
 fn matched(claims: &Claims, destination: Destination) -> ServiceMatch {
     let mut owners: Vec<&String> = claims.iter().map(|(_, o)| o).collect();
     owners.sort();
