@@ -362,9 +362,10 @@ impl Syncer {
     }
 
     /// Whether a periodic sync must read the tables back; `false` when nobody can have changed
-    /// them (the proof is the kernel's ruleset generation, unchanged since the last sync). A periodic sync that falls due while
-    /// changes are pending then syncs just the changes: a full sync of 10,000 services takes
-    /// about a second, which every change of that second would wait for.
+    /// them (the proof is the kernel's ruleset generation, unchanged since the last sync). A
+    /// periodic sync that falls due while changes are pending then syncs just the changes: a
+    /// full sync of 10,000 services takes about a second, which every change of that second
+    /// would wait for.
     pub fn periodic_needs_read_back(&mut self, state: &ClusterState) -> Result<bool, SyncError> {
         Ok(self.no_drift_proof(state)?.is_none())
     }
