@@ -101,8 +101,10 @@ fn numbered(name: &str, prefix: &str) -> Option<u32> {
 /// and partial syncs alike. Claims are per set, so when the services put the key in different
 /// sets (an ExternalIP equal to another service's ClusterIP; one address in a Cluster and a
 /// Local service; endpoint maps of different counts) both elements are written and the lookup
-/// order decides: the `services` chain looks up ClusterIPs, then external IPs, then Local
-/// ones, and the balancing chains try the smallest endpoint count first.
+/// order decides the path: the `services` chain looks up `service-ips` (the ports with chains
+/// of their own, ClusterIPs and external IPs alike), then balanced ClusterIPs, external IPs and
+/// Local ones, and the balancing chains try the smallest endpoint count first. Within the map
+/// it reaches, the key's endpoints are still those of the first claimant in name order.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub(crate) enum SharedSet {
     ClusterIps,
