@@ -246,8 +246,11 @@ mod tests {
     fn first_services(rx: &Receiver<SourceEvent>) -> Option<usize> {
         let deadline = Instant::now() + Duration::from_secs(10);
         while let Some(left) = deadline.checked_duration_since(Instant::now()) {
-            if let Ok(SourceEvent::Update(Update::Service(Change::Reset(list)))) = rx.recv_timeout(left) {
-                return Some(list.len());
+            match rx.recv_timeout(left) {
+                Ok(SourceEvent::Update(Update::Service(Change::Reset(list)))) => return Some(list.len()),
+                Ok(_) => {}
+                // The deadline, or a watcher gone.
+                Err(_) => return None,
             }
         }
         None
