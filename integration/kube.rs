@@ -69,14 +69,19 @@ fn the_kernel_follows_the_api_server() {
     api.delete("Service", "default", "api");
     assert!(lab.eventually(within, || !lab.listing().contains("10.96.0.11")));
 
-    // A change the watch never delivers, then 410 Gone: the relist catches up.
+    // A change the watch never delivers, then 410 Gone: the relist catches up. A watcher's
+    // retries back off (0.8 s, then 1.6 s, then 3.2 s, each up to twice that with jitter), and a
+    // request cut short by the next step fails again, so these steps wait longer.
+    let resumed = Duration::from_secs(20);
     let (lists_before, _) = api.requests();
     for slice in only(&services_yaml(&[svc("web", "10.96.0.10", &[WEB_1])]), "EndpointSlice") {
         api.apply_silently(slice);
     }
     api.expire_watches();
     assert!(
-        lab.eventually(within, || lab.ask("client", L4Proto::Tcp, "10.96.0.10:80").is_ok_and(|a| a.backend == "web-1")),
+        lab.eventually(resumed, || lab
+            .ask("client", L4Proto::Tcp, "10.96.0.10:80")
+            .is_ok_and(|a| a.backend == "web-1")),
         "relist applied the missed change\n{}",
         lab.proxy_log()
     );
@@ -85,10 +90,14 @@ fn the_kernel_follows_the_api_server() {
     // A dropped connection: the watch resumes and later events still arrive.
     api.drop_connections();
     apply_all(&api, &services_yaml(&[svc("late", "10.96.0.12", &[WEB_2])]));
-    assert!(lab.eventually(within, || lab.ask("client", L4Proto::Tcp, "10.96.0.12:80").is_ok()));
+    assert!(
+        lab.eventually(resumed, || lab.ask("client", L4Proto::Tcp, "10.96.0.12:80").is_ok()),
+        "a watch resumed after its connection dropped\n{}",
+        lab.proxy_log()
+    );
 
     // Settled: every watcher is back (the relist and the reconnect are done).
-    assert!(lab.eventually(within, || lab.tally("client", L4Proto::Tcp, "10.96.0.12:80", 10).failed() == 0));
+    assert!(lab.eventually(resumed, || lab.tally("client", L4Proto::Tcp, "10.96.0.12:80", 10).failed() == 0));
 
     // The API server goes away: rules stay, traffic flows, the proxy keeps running.
     api.stop();
