@@ -42,15 +42,13 @@ impl Polling {
     }
 }
 
-/// Why a change is not loaded yet.
+/// Why a file looks unfinished, so that a change is not loaded yet.
 #[derive(Debug, Clone, PartialEq, Eq)]
 enum Hold {
     /// A file was modified within the settle time.
     Writing(PathBuf),
     /// A file was emptied within the hold limit: truncated, not written yet.
     Empty(PathBuf),
-    /// The files changed while they were read.
-    ChangedWhileRead,
 }
 
 impl std::fmt::Display for Hold {
@@ -58,7 +56,6 @@ impl std::fmt::Display for Hold {
         match self {
             Hold::Writing(file) => write!(f, "{} is being written", file.display()),
             Hold::Empty(file) => write!(f, "{} is empty", file.display()),
-            Hold::ChangedWhileRead => f.write_str("the manifests changed while they were read"),
         }
     }
 }
@@ -148,7 +145,7 @@ pub(crate) fn watch_manifests(
                 }
                 match load_events(path, hostname) {
                     Ok(_) if !overdue && fingerprint(path) != now => {
-                        debug!(path = %path.display(), "holding the change back: {}", Hold::ChangedWhileRead);
+                        debug!(path = %path.display(), "holding the change back: the manifests changed while read");
                         held_since.get_or_insert_with(Instant::now);
                     }
                     Ok(events) => {
