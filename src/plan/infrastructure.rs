@@ -6,7 +6,10 @@ use std::net::IpAddr;
 use ipnet::IpNet;
 
 use super::objects::*;
-use super::{NodePorts, PlanInput, goto, jump, local_cidrs, local_match, lookup, port_key, service_key};
+use super::{
+    NodePorts, PlanInput, external_local_short_circuits, goto, jump, local_cidrs, local_match, lookup, port_key,
+    service_key,
+};
 use crate::config::ProxyConfig;
 use crate::model::ClusterState;
 use crate::net::IpFamily;
@@ -192,22 +195,14 @@ pub(super) fn table(family: IpFamily, input: &PlanInput<'_>) -> Table {
     // endpoint (the node masqueraded, as its source would be the external address itself);
     // everyone else this node's endpoints, keeping the client's address. No endpoint here: the
     // last `goto` finds no element and the address's no-endpoint verdict (`drop`) follows.
-    let pods = local_match(family, input, false);
     for (name, cluster, local) in [
         (BALANCE_EXTERNAL_LOCAL, BALANCE_SERVICE, BALANCE_LOCAL),
         (BALANCE_EXTERNAL_LOCAL_NODEPORT, BALANCE_NODEPORT, BALANCE_LOCAL_NODEPORT),
     ] {
         let mut c = Chain::regular(name, infra());
-        if let Some(pods) = pods.clone() {
-            c.push(Rule::new(vec![pods, goto(cluster)]).with_comment("short-circuit pod traffic"));
+        for rule in external_local_short_circuits(family, input, cluster) {
+            c.push(rule);
         }
-        c.push(
-            Rule::new(vec![Stmt::FibLocal(FibAddr::Saddr), jump(MARK_FOR_MASQUERADE)])
-                .with_comment("masquerade local traffic"),
-        );
-        c.push(
-            Rule::new(vec![Stmt::FibLocal(FibAddr::Saddr), goto(cluster)]).with_comment("short-circuit local traffic"),
-        );
         c.push(Rule::new(vec![goto(local)]));
         t.add_chain(c);
     }

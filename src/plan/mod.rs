@@ -426,6 +426,21 @@ fn local_match(family: IpFamily, input: &PlanInput<'_>, negate: bool) -> Option<
     }
 }
 
+/// The first rules of upstream's external chain for `externalTrafficPolicy: Local`: pods and
+/// the node go to every endpoint, at `cluster` (the node masqueraded, as its source would be the
+/// external address itself); what the caller adds next serves everyone else.
+fn external_local_short_circuits(family: IpFamily, input: &PlanInput<'_>, cluster: &str) -> Vec<Rule> {
+    let pods = local_match(family, input, false)
+        .map(|pods| Rule::new(vec![pods, goto(cluster)]).with_comment("short-circuit pod traffic"));
+    pods.into_iter()
+        .chain([
+            Rule::new(vec![Stmt::FibLocal(FibAddr::Saddr), jump(objects::MARK_FOR_MASQUERADE)])
+                .with_comment("masquerade local traffic"),
+            Rule::new(vec![Stmt::FibLocal(FibAddr::Saddr), goto(cluster)]).with_comment("short-circuit local traffic"),
+        ])
+        .collect()
+}
+
 /// The pod ranges of one family for the CIDR-based detect-local modes.
 fn local_cidrs(family: IpFamily, input: &PlanInput<'_>) -> Vec<IpNet> {
     match &input.config.detect_local {

@@ -10,7 +10,7 @@ use super::affinity::{AffinityDemand, AffinityId, AffinitySlots};
 use super::endpoints::{Categorized, NodeView, categorize};
 use super::objects::*;
 use super::placement::{self, Demands, Slot, SlotLookup, WindowDemand, WindowId};
-use super::{Fragment, PlanInput, ServicePlan, goto, jump, local_match, names};
+use super::{Fragment, PlanInput, ServicePlan, external_local_short_circuits, goto, jump, names};
 use crate::model::{Endpoint, ServicePort};
 use crate::net::IpFamily;
 use crate::nft::wire::udata::truncate_comment;
@@ -261,17 +261,9 @@ impl<'a> PortPlan<'a> {
             if !external_local {
                 ext.push(Rule::new(vec![jump(MARK_FOR_MASQUERADE)]));
             } else {
-                if let Some(pods) = local_match(family, self.input, false) {
-                    ext.push(Rule::new(vec![pods, goto(&cluster_chain)]).with_comment("short-circuit pod traffic"));
+                for rule in external_local_short_circuits(family, self.input, &cluster_chain) {
+                    ext.push(rule);
                 }
-                ext.push(
-                    Rule::new(vec![Stmt::FibLocal(FibAddr::Saddr), jump(MARK_FOR_MASQUERADE)])
-                        .with_comment("masquerade local traffic"),
-                );
-                ext.push(
-                    Rule::new(vec![Stmt::FibLocal(FibAddr::Saddr), goto(&cluster_chain)])
-                        .with_comment("short-circuit local traffic"),
-                );
             }
             if has_external {
                 let target = if external_local { &local_chain } else { &cluster_chain };
