@@ -198,24 +198,13 @@ impl SharedSet {
 
     /// The shared set a name read back from the kernel is, if it is one.
     pub(crate) fn from_name(name: &str) -> Option<SharedSet> {
-        let fixed = [
-            SharedSet::ClusterIps,
+        // The named ones: those services write into, and those only the infrastructure writes.
+        let mut fixed = SharedSet::SERVICE_WRITTEN.into_iter().chain([
             SharedSet::NodeportIps,
-            SharedSet::FirewallIps,
-            SharedSet::NoEndpointNodeports,
-            SharedSet::NoEndpointServices,
-            SharedSet::ServiceIps,
-            SharedSet::ServiceNodeports,
-            SharedSet::Hairpin,
             SharedSet::ClusterCidrs,
-            SharedSet::BalancedServiceIps,
-            SharedSet::BalancedExternalIps,
-            SharedSet::BalancedNodeports,
-            SharedSet::BalancedLocalIps,
-            SharedSet::BalancedLocalNodeports,
             SharedSet::ServiceCidrs,
-        ];
-        if let Some(s) = fixed.into_iter().find(|s| s.name() == name) {
+        ]);
+        if let Some(s) = fixed.find(|s| s.name() == name) {
             return Some(s);
         }
         let window = numbered(name, ENDPOINT_MAP)
