@@ -9,7 +9,7 @@ use ipnet::IpNet;
 use super::affinity::{AffinityDemand, AffinityId, AffinitySlots};
 use super::endpoints::{Categorized, NodeView, categorize};
 use super::objects::*;
-use super::placement::{self, Demands, Slot, SlotLookup, WindowDemand, WindowId};
+use super::placement::{self, Demands, SlotLookup, WindowDemand, WindowId};
 use super::{Fragment, PlanInput, ServicePlan, external_local_short_circuits, goto, jump, names};
 use crate::model::{Endpoint, ServicePort};
 use crate::net::IpFamily;
@@ -46,13 +46,6 @@ pub(super) fn balanced(sp: &ServicePort) -> bool {
     sp.session_affinity_secs.is_none()
 }
 
-/// Whether an affinity chain balancing over `n` endpoints uses a window of an endpoint map:
-/// whenever it has endpoints, one included, so that going from one endpoint to two (or back) is
-/// element operations, not a rule rewritten.
-fn windowed(n: usize) -> bool {
-    n > 0
-}
-
 impl<'a> PortPlan<'a> {
     /// The service port in `family`, if it has a ClusterIP there.
     pub(super) fn new(
@@ -79,16 +72,17 @@ impl<'a> PortPlan<'a> {
         balanced(self.sp)
     }
 
-    /// The endpoint windows this port's balancing chains need, and its affinity slots.
+    /// The endpoint windows this port's balancing chains need, and its affinity slots. Every
+    /// affinity chain has a window, one endpoint included, so that going from one endpoint to
+    /// two (or back) is element operations, not a rule rewritten (a chain exists only while it
+    /// has endpoints).
     pub(super) fn demands(&self, out: &mut Demands) {
         if self.balanced() {
             return;
         }
         let mut demand = |chain: String, n: usize| {
-            if windowed(n) {
-                let id = WindowId { family: self.family, chain };
-                out.windows.push(WindowDemand { id, endpoints: u32::try_from(n).unwrap_or(u32::MAX) });
-            }
+            let id = WindowId { family: self.family, chain };
+            out.windows.push(WindowDemand { id, endpoints: u32::try_from(n).unwrap_or(u32::MAX) });
         };
         let (cluster, local) = (self.uses_cluster_chain(), self.uses_local_chain());
         if cluster {
@@ -326,21 +320,6 @@ impl<'a> PortPlan<'a> {
         table.add(keys, key.to_vec(), Element::key_only(owner.clone()).with_comment(Arc::clone(comment)));
     }
 
-    /// The window of a balancing chain over `n` endpoints; `None` when `n` needs none. A window
-    /// the placement lacks (it places every demand, so only a bug gets here) leaves the chain
-    /// with a plain DNAT to the first endpoint rather than a rule naming no window.
-    fn window(&self, slots: &dyn SlotLookup, chain: &str, n: usize) -> Option<Slot> {
-        if !windowed(n) {
-            return None;
-        }
-        let id = WindowId { family: self.family, chain: chain.to_string() };
-        let slot = slots.slot(&id);
-        if slot.is_none() {
-            tracing::error!(chain, "no endpoint window placed for a balancing chain; using its first endpoint");
-        }
-        slot
-    }
-
     /// `meta l4proto tcp dnat to ip:port`
     fn dnat_to(&self, ep: &Endpoint) -> Vec<Stmt> {
         vec![
@@ -349,8 +328,11 @@ impl<'a> PortPlan<'a> {
         ]
     }
 
-    /// A chain balancing over `endpoints` with ClientIP affinity: the port's slots (see
-    /// [`super::affinity`]). Only such ports have chains of their own.
+    /// A chain balancing over `endpoints` with ClientIP affinity (only such ports have chains of
+    /// their own), and its elements: per slot a sticky check, per slot a record, then the choice
+    /// by hash (see [`super::affinity`]). Only the endpoints that have a slot are balanced over.
+    /// Without a window or slots (the placement places every demand, so only a bug gets here)
+    /// the chain gets a plain DNAT to its first endpoint rather than a rule naming no window.
     fn write_affinity_chain(
         &self,
         table: &mut Fragment,
@@ -360,35 +342,19 @@ impl<'a> PortPlan<'a> {
         owner: &Owner,
         comment: &Arc<str>,
     ) {
-        let mut chain = Chain::regular(chain_name, owner.clone());
-        self.write_affinity_rules(table, slots, &mut chain, endpoints, owner, comment);
-        table.own.add_chain(chain);
-    }
-
-    /// The rules of a balancing chain with ClientIP affinity, and its elements: per slot a sticky
-    /// check, per slot a record, then the choice by hash (see [`super::affinity`]). Only the
-    /// endpoints that have a slot are balanced over. Without a window or slots (only a bug gets
-    /// here) the chain gets a plain DNAT to its first endpoint.
-    fn write_affinity_rules(
-        &self,
-        table: &mut Fragment,
-        slots: &dyn SlotLookup,
-        chain: &mut Chain,
-        endpoints: &[Endpoint],
-        owner: &Owner,
-        comment: &Arc<str>,
-    ) {
         let family = self.family;
-        let window = self.window(slots, &chain.name, endpoints.len());
+        let mut chain = Chain::regular(chain_name, owner.clone());
+        let window = slots.slot(&WindowId { family, chain: chain_name.to_string() });
         let seats = slots.affinity(&self.affinity_id());
         let (Some(window), Some(seats)) = (window, seats) else {
             tracing::error!(
-                chain = chain.name,
-                "no affinity slots placed for a balancing chain; using its first endpoint"
+                chain = chain_name,
+                "no endpoint window or affinity slots placed for a balancing chain; using its first endpoint"
             );
             if let Some(ep) = endpoints.first() {
                 chain.push(Rule::new(self.dnat_to(ep)).with_comment(&**comment));
             }
+            table.own.add_chain(chain);
             return;
         };
         let seated: Vec<(&Endpoint, usize)> =
@@ -442,6 +408,7 @@ impl<'a> PortPlan<'a> {
             let key = AffinitySlots::target_key(window.offset, j);
             table.add(targets_map, vec![Value::Index(key)], element(Element::values(target(), owner.clone())));
         }
+        table.own.add_chain(chain);
     }
 }
 
