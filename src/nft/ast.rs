@@ -437,6 +437,11 @@ pub enum SetShape {
 }
 
 impl SetShape {
+    /// Whether this shape's keys are ranges (`flags interval`: each a start and an end element).
+    pub fn is_interval(self) -> bool {
+        matches!(self, SetShape::Prefixes(_) | SetShape::EndpointTargets(_) | SetShape::SlotWindows)
+    }
+
     /// Whether this shape is a map (elements carry data).
     pub fn is_map(self) -> bool {
         matches!(

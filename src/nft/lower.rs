@@ -556,8 +556,7 @@ pub fn lower_elements(shape: SetShape, set: &BTreeMap<Vec<Value>, Element>) -> S
     // Keys are unique but for prefixes with the same start (the later one wins). Ranges are two
     // elements each; exact keys one (the endpoint maps of a large cluster hold hundreds of
     // thousands).
-    let ranges = matches!(shape, SetShape::Prefixes(_) | SetShape::EndpointTargets(_) | SetShape::SlotWindows);
-    let mut elements = Vec::with_capacity(if ranges { 2 * set.len() } else { set.len() });
+    let mut elements = Vec::with_capacity(if shape.is_interval() { 2 * set.len() } else { set.len() });
     let mut comments = Comments::default();
     match shape {
         SetShape::AffinityClients(_) => {}

@@ -65,7 +65,7 @@ fn write_set(f: &mut fmt::Formatter<'_>, set: &Set) -> fmt::Result {
         writeln!(f, "\t\tsize 65535")?;
         writeln!(f, "\t\tflags dynamic,timeout")?;
     }
-    if let SetShape::Prefixes(_) | SetShape::EndpointTargets(_) | SetShape::SlotWindows = set.shape {
+    if set.shape.is_interval() {
         writeln!(f, "\t\tflags interval")?;
     }
     if let Some(t) = set.timeout_secs {

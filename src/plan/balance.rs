@@ -20,7 +20,7 @@
 //! when such a count comes into use or goes out of it.
 
 use super::objects::*;
-use super::{jump, port_key, service_key};
+use super::{goto, jump, port_key, service_key};
 use crate::net::IpFamily;
 use crate::nft::*;
 
@@ -50,7 +50,7 @@ pub(crate) fn chains(family: IpFamily, maps: impl IntoIterator<Item = SharedSet>
     let masquerade_then = |name: &str, target: &str| {
         let mut chain = Chain::regular(name, infra());
         chain.push(Rule::new(vec![jump(MARK_FOR_MASQUERADE)]));
-        chain.push(Rule::new(vec![Stmt::Verdict(Verdict::Goto(target.to_string()))]));
+        chain.push(Rule::new(vec![goto(target)]));
         chain
     };
 
