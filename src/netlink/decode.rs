@@ -65,7 +65,7 @@ fn read(sock: &mut Socket, family: IpFamily, name: &str, reading: Reading) -> Re
     t.set_str(a(sys::NFTNL_TABLE_NAME), name)?;
     t.set_u32(a(sys::NFTNL_TABLE_FAMILY), u32::from(fam));
     let mut table: Option<(u32, Option<Vec<u8>>, Option<u32>)> = None;
-    match sock.query(msg::GETTABLE, fam, NLM_F_ACK, Body::Table(&t), |msg| {
+    let answered = sock.query(msg::GETTABLE, fam, NLM_F_ACK, Body::Table(&t), |msg| {
         if let Some(got) = msg.table()
             && got.get_str(a(sys::NFTNL_TABLE_NAME)).as_deref() == Some(name)
         {
@@ -76,11 +76,8 @@ fn read(sock: &mut Socket, family: IpFamily, name: &str, reading: Reading) -> Re
             ));
         }
         Ok(())
-    }) {
-        Ok(()) => {}
-        Err(NetlinkError::Dump(e)) if e.raw_os_error() == Some(libc::ENOENT) => return Ok(None),
-        Err(e) => return Err(e),
-    }
+    });
+    absent_is_empty(answered)?;
     let Some((flags, userdata, owner)) = table else { return Ok(None) };
     // Another live process owns the table: every change would be refused (EPERM), so say who
     // instead of planning against it. (The kernel drops the owner flag when its owner exits.)
@@ -242,7 +239,7 @@ pub(super) fn read_keys(
     Ok(out)
 }
 
-/// A dump of a set or table that does not exist (`ENOENT`) is an empty one.
+/// A dump of something that does not exist (`ENOENT`: a set, a chain, a table) is an empty one.
 pub(super) fn absent_is_empty(dumped: Result<(), NetlinkError>) -> Result<(), NetlinkError> {
     match dumped {
         Err(NetlinkError::Dump(e)) if e.raw_os_error() == Some(libc::ENOENT) => Ok(()),

@@ -6,7 +6,7 @@
 use nftnl_sys as sys;
 
 use super::NetlinkError;
-use super::decode::a;
+use super::decode::{a, absent_is_empty};
 use super::socket::{NLM_F_DUMP, Socket};
 use super::sys::{self as raw, Body, msg};
 use crate::nft::wire::udata;
@@ -258,12 +258,8 @@ fn count_rules(sock: &mut Socket, fam: u16, table: &str, chain: &str) -> Result<
         }
         Ok(())
     });
-    match result {
-        Ok(()) => Ok(n),
-        // The chain (or its table) went away since it was listed.
-        Err(NetlinkError::Dump(e)) if e.raw_os_error() == Some(libc::ENOENT) => Ok(0),
-        Err(e) => Err(e),
-    }
+    // The chain (or its table) went away since it was listed: no rules.
+    absent_is_empty(result).map(|()| n)
 }
 
 /// One rule of a foreign table: where it is, its handle, and the chains it jumps or goes to
@@ -303,12 +299,9 @@ pub(super) fn list_rules(sock: &mut Socket, family: TableFamily, table: &str) ->
         out.push(RuleInfo { chain, handle, targets });
         Ok(())
     });
-    match result {
-        Ok(()) => Ok(out),
-        // The table went away since it was listed.
-        Err(NetlinkError::Dump(e)) if e.raw_os_error() == Some(libc::ENOENT) => Ok(Vec::new()),
-        Err(e) => Err(e),
-    }
+    // The table went away since it was listed: no rules (the kernel refuses such a dump before
+    // sending any).
+    absent_is_empty(result).map(|()| out)
 }
 
 #[cfg(test)]
