@@ -666,9 +666,9 @@ impl Syncer {
         let scope = programmed.scope(changes, &mut replan);
         let mut delta = Delta::partial(scope.view, scope.kept);
         let mut wants = scope.wants.into_iter();
+        let forget = slot_deletions(&mut *self.kernel, &self.config.table, &flushes)?;
         // Unowned tables may have been changed by anyone: apply only over the generation this
         // process last saw (else a full sync reads the kernel back). Owned ones cannot be.
-        let forget = slot_deletions(&mut *self.kernel, &self.config.table, &flushes)?;
         let guard = self.generation.filter(|_| !self.ownership);
         self.kernel.expect_generation(guard);
         let applied = self.kernel.apply_stream(&mut |sink| {
