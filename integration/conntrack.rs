@@ -302,18 +302,20 @@ fn the_sysctl_command_computes_the_global_limits_as_upstream() {
     let out = run(&["--conntrack-tcp-timeout-established", "12h"]);
     assert!(out.status.success(), "{}", text(&out));
     let printed = String::from_utf8_lossy(&out.stdout).into_owned();
-    // 65536 per core × 4 CPUs; the hashsize grows to a quarter; the flag beats the file's
-    // default, the file's 0 leaves close-wait alone.
+    // 65536 per core × 4 CPUs; the hashsize grows to a quarter; with --config the file wins,
+    // as upstream's (its default of 24h; the flag is named as ignored); the file's 0 leaves
+    // close-wait alone.
     assert_eq!(
         printed.lines().collect::<Vec<_>>(),
         vec![
             "nf_conntrack_max = 262144 (was 65536)",
             "nf_conntrack hashsize = 65536 (was 16384)",
-            "nf_conntrack_tcp_timeout_established = 43200 (was 432000)",
+            "nf_conntrack_tcp_timeout_established = 86400 (was 432000)",
         ],
         "{}",
         text(&out)
     );
+    assert!(text(&out).contains("--conntrack-tcp-timeout-established is ignored: --config is given"), "{}", text(&out));
     let read = |p: &str| std::fs::read_to_string(p).unwrap().trim().to_string();
     assert_eq!(read(&format!("{sys}/module/nf_conntrack/parameters/hashsize")), "65536");
     assert_eq!(read(&format!("{proc_sys}/net/netfilter/nf_conntrack_tcp_timeout_close_wait")), "60");

@@ -86,7 +86,7 @@ fn connections_and_rejects_are_counted_per_service_port() {
 
     // Nothing yet: every series starts at 0.
     let before = scraper.scrape();
-    assert!(before.contains("# TYPE nftproxy_service_connections counter"), "{before}");
+    assert!(before.contains("# TYPE nftproxy_service_connections_total counter"), "{before}");
     assert_eq!(sample(&before, connections, &web_http), 0, "{before}");
 
     // N connections to the ClusterIP.

@@ -741,7 +741,7 @@ fn nodeports(state: &ClusterState, family: IpFamily, match_all: bool) -> NodePor
     }
     let mut ips: Vec<IpAddr> = state
         .node()
-        .map(|n| n.internal_ips.iter().copied().filter(|ip| IpFamily::of(ip) == family).collect())
+        .map(|n| n.host_ips.iter().copied().filter(|ip| IpFamily::of(ip) == family).collect())
         .unwrap_or_default();
     if ips.is_empty() {
         ips.push(match family {

@@ -14,6 +14,7 @@ mod deploy;
 mod explain;
 mod external;
 mod fuzz;
+mod installers;
 mod kube;
 mod netlink;
 mod observe;

@@ -1,7 +1,9 @@
+use std::ffi::OsString;
 use std::process::ExitCode;
 
 use clap::{CommandFactory, FromArgMatches};
-use nftproxy::cli::{Cli, logging_format, run};
+use nftproxy::cli::kube_proxy::{self, Action};
+use nftproxy::cli::{Cli, Command, logging_format, run};
 use nftproxy::config::LoggingFormat;
 use tracing_subscriber::EnvFilter;
 
@@ -13,11 +15,53 @@ use tracing_subscriber::EnvFilter;
 static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 
 fn main() -> ExitCode {
-    let matches = Cli::command().get_matches();
-    let cli = match Cli::from_arg_matches(&matches) {
+    let argv: Vec<OsString> = std::env::args_os().collect();
+    // Under kube-proxy's name, or with kube-proxy's flags and no subcommand: kube-proxy's
+    // command line, read as kube-proxy reads it.
+    let translated = if kube_proxy::is_kube_proxy(&argv) {
+        match kube_proxy::translate(&argv) {
+            Ok(t) => Some(t),
+            Err(e) => {
+                eprintln!("Error: {e}");
+                return ExitCode::FAILURE;
+            }
+        }
+    } else {
+        None
+    };
+    let wants_version = argv.iter().skip(1).any(|a| a == "--version" || a == "-V");
+    match translated.as_ref().map(|t| &t.action) {
+        Some(Action::Version) => {
+            print!("{}", kube_proxy::version_lines());
+            return ExitCode::SUCCESS;
+        }
+        Some(Action::Help) => {
+            let mut run = Cli::command().find_subcommand("run").cloned().unwrap_or_else(Cli::command);
+            println!(
+                "nftproxy, started with kube-proxy's command line: every kube-proxy {} flag is accepted and those that apply are honoured (see docs/install.md). nftproxy run's own flags:\n",
+                kube_proxy::KUBE_PROXY_VERSION
+            );
+            let _ = run.print_help();
+            return ExitCode::SUCCESS;
+        }
+        None if wants_version && argv.len() == 2 => {
+            print!("{}", kube_proxy::version_lines());
+            return ExitCode::SUCCESS;
+        }
+        _ => {}
+    }
+    let args = translated.as_ref().map_or_else(|| argv.clone(), |t| t.argv.clone());
+    let matches = match Cli::command().try_get_matches_from(&args) {
+        Ok(m) => m,
+        Err(e) => e.exit(),
+    };
+    let mut cli = match Cli::from_arg_matches(&matches) {
         Ok(cli) => cli,
         Err(e) => e.exit(),
     };
+    if let (Some(t), Command::Run(run_args)) = (&translated, &mut cli.command) {
+        run_args.kube_proxy = t.extras.clone();
+    }
     let default = match cli.verbose {
         0 => "info",
         1 => "debug",
@@ -30,6 +74,18 @@ fn main() -> ExitCode {
         // sync's reason and kind) under "span".
         LoggingFormat::Json => logs.json().flatten_event(true).with_current_span(true).with_span_list(false).init(),
         LoggingFormat::Text => logs.with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr())).init(),
+    }
+    if let Some(t) = &translated {
+        tracing::info!(
+            version = env!("CARGO_PKG_VERSION"),
+            kube_proxy = kube_proxy::KUBE_PROXY_VERSION,
+            "nftproxy started with kube-proxy's command line"
+        );
+        match &t.action {
+            Action::Cleanup => return nftproxy::cli::kube_proxy_cleanup(&cli),
+            Action::WriteConfigTo(path) => return nftproxy::cli::write_config_to(&cli, &matches, path),
+            _ => {}
+        }
     }
     run(cli, Some(&matches))
 }

@@ -11,6 +11,7 @@
 //! per-family counts (`no_local_endpoints`) are each family's own.
 
 pub(crate) mod service_counters;
+pub(crate) mod text_format;
 
 use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex};
@@ -26,6 +27,8 @@ use prometheus_client::metrics::gauge::{ConstGauge, Gauge};
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets, linear_buckets};
 use prometheus_client::registry::Registry;
 
+#[cfg(test)]
+use crate::health::http::Asked;
 use crate::health::http::{Handler, Reply};
 use crate::model::ObjectKind;
 use crate::net::IpFamily;
@@ -493,16 +496,24 @@ impl Collector for ProcessCollector {
     }
 }
 
-/// The metrics port's handler: `/metrics`, `/healthz` (and `/healthz/ping`: `ok`, as the
-/// apiserver healthz handler upstream installs there) and `/proxyMode`.
-pub(crate) fn handler(metrics: Arc<Metrics>) -> Handler {
-    Arc::new(move |_method, path, _query| match path {
-        "/metrics" => Reply {
+/// The metrics port's handler: `/metrics` (the Prometheus text format, or OpenMetrics when
+/// asked for), `/healthz` (and `/healthz/ping`: `ok`, as the apiserver healthz handler upstream
+/// installs there), `/proxyMode` and `/configz` (the effective configuration, as upstream's).
+pub(crate) fn handler(metrics: Arc<Metrics>, configz: Arc<str>) -> Handler {
+    Arc::new(move |asked| match asked.path {
+        "/metrics" if text_format::wants_openmetrics(asked.accept) => Reply {
             status: StatusCode::OK,
-            content_type: "application/openmetrics-text; version=1.0.0; charset=utf-8",
+            content_type: text_format::OPENMETRICS_TEXT,
             headers: Vec::new(),
             body: metrics.encode(),
         },
+        "/metrics" => Reply {
+            status: StatusCode::OK,
+            content_type: text_format::PROMETHEUS_TEXT,
+            headers: Vec::new(),
+            body: text_format::from_openmetrics(&metrics.encode()),
+        },
+        "/configz" if !configz.is_empty() => Reply::json(StatusCode::OK, configz.to_string()),
         "/healthz" | "/healthz/ping" => Reply::text(StatusCode::OK, "ok"),
         "/proxyMode" => Reply::text(StatusCode::OK, "nftables"),
         _ => Reply::text(StatusCode::NOT_FOUND, "404 page not found\n"),
@@ -523,7 +534,8 @@ mod tests {
         bounded(async {
             let addr = std::net::SocketAddr::from(([127, 0, 0, 1], free_port()));
             let handle = tokio::runtime::Handle::current();
-            let _stop = crate::health::start(&handle, addr, handler(Metrics::new()), limits()).expect("start");
+            let _stop =
+                crate::health::start(&handle, addr, handler(Metrics::new(), Arc::from("")), limits()).expect("start");
             withstands_hostile_clients(addr, "/metrics", limits()).await;
             let metrics = get_path(addr, "/metrics").await.expect("metrics");
             assert!(metrics.contains("process_resident_memory_bytes"), "{metrics}");
@@ -773,10 +785,14 @@ mod tests {
 
     #[test]
     fn the_metrics_port_answers_healthz_and_proxy_mode() {
-        let h = handler(Metrics::new());
-        assert_eq!(h("GET", "/proxyMode", "").body, "nftables");
-        assert_eq!(h("GET", "/healthz", "").body, "ok");
-        assert_eq!(h("GET", "/livez", "").status, StatusCode::NOT_FOUND, "no /livez on the metrics port, as upstream");
+        let h = handler(Metrics::new(), Arc::from(""));
+        assert_eq!(h(&Asked::get("/proxyMode", "")).body, "nftables");
+        assert_eq!(h(&Asked::get("/healthz", "")).body, "ok");
+        assert_eq!(
+            h(&Asked::get("/livez", "")).status,
+            StatusCode::NOT_FOUND,
+            "no /livez on the metrics port, as upstream"
+        );
     }
 
     /// Metrics the dashboard may chart before the binary exports them: none now (the
@@ -962,6 +978,6 @@ mod tests {
         ] {
             assert!(text.contains(line), "{line} missing:\n{text}");
         }
-        assert_eq!(handler(m)("GET", "/proxyMode", "").body, "nftables");
+        assert_eq!(handler(m, Arc::from(""))(&Asked::get("/proxyMode", "")).body, "nftables");
     }
 }

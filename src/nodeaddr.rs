@@ -75,7 +75,7 @@ fn primary_ip(
     default_iface: &dyn Fn(IpFamily) -> Option<String>,
 ) -> Option<IpAddr> {
     match node {
-        Some(n) => n.internal_ips.iter().copied().find(|ip| IpFamily::of(ip) == family && !ip.is_loopback()),
+        Some(n) => n.host_ips.iter().copied().find(|ip| IpFamily::of(ip) == family && !ip.is_loopback()),
         None => {
             let iface = default_iface(family)?;
             local
@@ -91,8 +91,8 @@ fn primary_ip(
 pub fn apply_bind_address(node: &mut NodeInfo, bind: Option<IpAddr>) {
     if let Some(bind) = bind {
         let family = IpFamily::of(&bind);
-        node.internal_ips.retain(|ip| IpFamily::of(ip) != family);
-        node.internal_ips.insert(0, bind);
+        node.host_ips.retain(|ip| IpFamily::of(ip) != family);
+        node.host_ips.insert(0, bind);
     }
 }
 
@@ -148,7 +148,7 @@ mod tests {
     fn node(ips: &[&str]) -> NodeInfo {
         NodeInfo {
             name: "node1".into(),
-            internal_ips: ips.iter().map(|ip| ip.parse().unwrap()).collect(),
+            host_ips: ips.iter().map(|ip| ip.parse().unwrap()).collect(),
             ..NodeInfo::default()
         }
     }
@@ -206,6 +206,6 @@ mod tests {
         let t = resolved(&NodePortAddresses::primary(), Some(&n));
         assert_eq!((t.v4, t.v6), (addrs(&["10.0.0.5"]), addrs(&["fd00:50::2"])));
         apply_bind_address(&mut n, None);
-        assert_eq!(n.internal_ips.len(), 2);
+        assert_eq!(n.host_ips.len(), 2);
     }
 }

@@ -19,6 +19,8 @@ use hyper::StatusCode;
 use serde::{Deserialize, Serialize};
 
 use super::problems::ProblemLog;
+#[cfg(test)]
+use crate::health::http::Asked;
 use crate::health::http::{Handler, Reply};
 use crate::index::{ClusterIndex, Update};
 use crate::model::{NamespacedName, ObjectKind, Problem};
@@ -423,14 +425,14 @@ fn wait(answer: &Receiver<String>) -> Option<String> {
 pub(crate) fn with_route(inner: Handler, requests: Sender<Request>) -> Handler {
     let requests = Mutex::new(requests);
     let busy = Arc::new(AtomicBool::new(false));
-    Arc::new(move |method, path, query| {
-        if path != PATH {
-            return inner(method, path, query);
+    Arc::new(move |asked| {
+        if asked.path != PATH {
+            return inner(asked);
         }
-        if method != "GET" {
+        if asked.method != "GET" {
             return Reply::text(StatusCode::METHOD_NOT_ALLOWED, "GET only\n");
         }
-        let selection = match Selection::parse(query) {
+        let selection = match Selection::parse(asked.query) {
             Ok(s) => s,
             Err(e) => return Reply::text(StatusCode::BAD_REQUEST, format!("{e}\n")),
         };
@@ -543,14 +545,14 @@ mod tests {
 
     #[test]
     fn the_route_hands_requests_to_the_loop_and_bounds_them() {
-        let inner: Handler = Arc::new(|_, path, _| Reply::text(StatusCode::OK, path.to_string()));
+        let inner: Handler = Arc::new(|asked| Reply::text(StatusCode::OK, asked.path.to_string()));
         let (mut desk, tx) = Desk::new();
         let handler = with_route(inner, tx);
-        assert_eq!(handler("GET", "/metrics", "").body, "/metrics");
-        assert_eq!(handler("GET", PATH, "limit=0").status, StatusCode::BAD_REQUEST);
-        assert_eq!(handler("POST", PATH, "").status, StatusCode::METHOD_NOT_ALLOWED);
+        assert_eq!(handler(&Asked::get("/metrics", "")).body, "/metrics");
+        assert_eq!(handler(&Asked::get(PATH, "limit=0")).status, StatusCode::BAD_REQUEST);
+        assert_eq!(handler(&Asked { method: "POST", ..Asked::get(PATH, "") }).status, StatusCode::METHOD_NOT_ALLOWED);
         let (index, syncer) = synced_proxy(WEB);
-        let server = std::thread::spawn(move || handler("GET", PATH, "service=default/web"));
+        let server = std::thread::spawn(move || handler(&Asked::get(PATH, "service=default/web")));
         // The loop answers between syncs.
         while !server.is_finished() {
             desk.answer(&index, &syncer);

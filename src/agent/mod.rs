@@ -4,6 +4,7 @@
 //! leaves the rules in the kernel (like kube-proxy), so traffic keeps flowing across a restart.
 
 pub(crate) mod debug;
+mod lifecycle;
 mod problems;
 pub(crate) mod runner;
 
@@ -18,6 +19,7 @@ use thiserror::Error;
 use tracing::{error, info, warn};
 
 use crate::config::ProxyConfig;
+use crate::config::kubeproxy::ProxyMode;
 use crate::conntrack::sysctls::{self, ConntrackSysctls, SysctlRoots};
 use crate::conntrack::{KernelFlows, Reconciler};
 use crate::health::http::Limits;
@@ -41,8 +43,8 @@ use runner::{NodeGate, Observer, Timing};
 pub enum SourceSetting {
     /// A manifests file or directory, watched for changes.
     Manifests(PathBuf),
-    /// The Kubernetes API: `--kubeconfig`, or in-cluster.
-    Kubernetes { kubeconfig: Option<String> },
+    /// The Kubernetes API: `--kubeconfig`, or in-cluster; `--master` over its server.
+    Kubernetes { kubeconfig: Option<String>, master: Option<String> },
 }
 
 /// Settings of the long-running agent.
@@ -63,6 +65,14 @@ pub struct RunSettings {
     pub bind_address_hard_fail: bool,
     /// Remove kube-proxy's leftovers in the first sync (`--cleanup-kube-proxy`).
     pub cleanup_kube_proxy: bool,
+    /// The mode the configuration names (nftproxy runs nftables mode whatever it is).
+    pub mode: ProxyMode,
+    /// The OOM score adjustment to set (`oomScoreAdj`).
+    pub oom_score_adj: Option<i32>,
+    /// The `--config` file: a change of its content restarts the process, as upstream.
+    pub config_file: Option<PathBuf>,
+    /// The effective configuration, as `/configz` serves it.
+    pub configz: String,
 }
 
 /// Errors that stop the agent.
@@ -80,6 +90,12 @@ pub enum RunError {
     Kube(#[from] KubeSourceError),
     #[error(transparent)]
     Loop(#[from] runner::LoopError),
+    /// Upstream's kernel check for nftables mode.
+    #[error("{0} (set {var} to skip this check)", var = lifecycle::SKIP_KERNEL_CHECK)]
+    Kernel(String),
+    /// The process must start again (the DaemonSet restarts it), as upstream exits.
+    #[error("exiting to be restarted: {0}")]
+    Restart(String),
 }
 
 /// Upstream's error texts for the two servers.
@@ -102,6 +118,9 @@ struct AgentObserver {
     /// The health checks the servers serve, with the addresses and families they were
     /// served for (`None` until all were bound).
     health_served: Option<(Arc<[HealthCheck]>, NodePortTargets, Vec<IpFamily>)>,
+    /// This node's Node, watched for deletion and new addresses (API source only).
+    node_watch: Option<lifecycle::NodeWatch>,
+    restart: lifecycle::Restart,
 }
 
 impl AgentObserver {
@@ -175,6 +194,12 @@ impl Observer for AgentObserver {
 
     fn idle(&mut self, index: &ClusterIndex, syncer: &Syncer) {
         self.debug.answer(index, syncer);
+        if let Some(reason) = self.node_watch.as_mut().and_then(|w| w.check(index.state().node())) {
+            // Load balancers stop sending here first; the DaemonSet starts the process again.
+            self.health.set_node_eligible(false);
+            error!(node = %syncer.config().hostname, %reason, "this node's Node changed; exiting so that the proxy restarts with it");
+            self.restart.ask(reason);
+        }
     }
 
     fn synced(
@@ -241,9 +266,9 @@ impl Observer for AgentObserver {
                     Arc::ptr_eq(checks, &served.0) && *nodeports == served.1 && *fams == served.2
                 });
                 if unchanged {
-                    self.health.synced();
+                    self.health.synced(&families);
                 } else {
-                    self.health.updated(&s.health_checks);
+                    self.health.updated(&families, &s.health_checks);
                     // A family nftproxy does not program (IPv6 on a single-stack cluster)
                     // matches all its addresses, but must not widen the health-check servers
                     // to every address: upstream has no proxier, hence no server, for it.
@@ -289,7 +314,7 @@ fn serve(
         if let Some(tx) = events {
             let reason =
                 if what == "healthz" { "FailedToStartProxierHealthcheck" } else { "FailedToStartMetricServer" };
-            let _ = tx.send(Notice::NodeWarning { reason, note: err.to_string() });
+            let _ = tx.send(Notice::NodeEvent { warning: true, reason, note: err.to_string() });
             // The publisher runs on the runtime: give it a moment before the process exits.
             std::thread::sleep(Duration::from_millis(500));
         }
@@ -331,7 +356,32 @@ pub(crate) fn run(settings: RunSettings) -> Result<(), RunError> {
     for signal in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
         let _ = signal_hook::flag::register(signal, Arc::clone(&stop));
     }
+    match settings.mode {
+        ProxyMode::NfTables => info!("Using nftables Proxier"),
+        other => {
+            let named = match other {
+                ProxyMode::IpTables => "iptables",
+                ProxyMode::Ipvs => "ipvs",
+                _ => "\"\" (upstream's default, iptables)",
+            };
+            info!(
+                configured_mode = named,
+                "the configuration names mode {named}: nftproxy runs nftables mode, with that mode's sync periods and masquerade settings, and removes its leftovers"
+            );
+        }
+    }
+    let release = lifecycle::kernel_release();
+    let skip = std::env::var_os(lifecycle::SKIP_KERNEL_CHECK).is_some_and(|v| !v.is_empty());
+    lifecycle::kernel_check(&release, skip).map_err(RunError::Kernel)?;
+    if let Some(adj) = settings.oom_score_adj {
+        lifecycle::set_oom_score_adj(adj);
+    }
     sysctls::apply_at_start_up(&settings.conntrack, &SysctlRoots::default());
+    let restart = lifecycle::Restart::new(Arc::clone(&stop));
+    if let Some(path) = &settings.config_file {
+        lifecycle::watch_config_file(path.clone(), Duration::from_secs(1), restart.clone())
+            .map_err(RunError::Thread)?;
+    }
 
     let health = ProxyHealth::new(settings.timing.sync_period * 2);
     let counters = crate::metrics::service_counters::KernelCounters::new(&settings.proxy.table);
@@ -349,8 +399,8 @@ pub(crate) fn run(settings: RunSettings) -> Result<(), RunError> {
                     .map_err(RunError::Thread)?;
             (Some(watcher), NodeGate::Listed)
         }
-        SourceSetting::Kubernetes { kubeconfig } => {
-            let client = rt.block_on(crate::source::kube::client(kubeconfig.as_deref()))?;
+        SourceSetting::Kubernetes { kubeconfig, master } => {
+            let client = rt.block_on(crate::source::kube::client(kubeconfig.as_deref(), master.as_deref()))?;
             let hostname = settings.proxy.hostname.clone();
             let (etx, mut erx) = tokio::sync::mpsc::unbounded_channel::<Notice>();
             let mut publisher = EventPublisher::new(client.clone(), &hostname);
@@ -371,7 +421,8 @@ pub(crate) fn run(settings: RunSettings) -> Result<(), RunError> {
     let _healthz =
         settings.healthz.map(|a| serve(&rt, "healthz", a, proxier, hard_fail, events.as_ref())).transpose()?;
     let (desk, debug_requests) = debug::Desk::new();
-    let metrics_handler = debug::with_route(crate::metrics::handler(Arc::clone(&metrics)), debug_requests);
+    let configz: Arc<str> = Arc::from(settings.configz.as_str());
+    let metrics_handler = debug::with_route(crate::metrics::handler(Arc::clone(&metrics), configz), debug_requests);
     let _metrics =
         settings.metrics.map(|a| serve(&rt, "metrics", a, metrics_handler, hard_fail, events.as_ref())).transpose()?;
 
@@ -387,6 +438,11 @@ pub(crate) fn run(settings: RunSettings) -> Result<(), RunError> {
     if let Some(leftovers) = &takeover {
         syncer.prepend_to_next_full_sync(leftovers.ops());
     }
+    if let Some(tx) = &events {
+        let _ = tx.send(Notice::NodeEvent { warning: false, reason: "Starting", note: String::new() });
+    }
+    let node_watch = matches!(settings.source, SourceSetting::Kubernetes { .. })
+        .then(|| lifecycle::NodeWatch::new(syncer.config().detect_local == crate::config::DetectLocal::NodeCidr));
     let mut observer = AgentObserver {
         servers: ServiceHealthServers::new(rt.handle().clone(), Arc::clone(&health), limits),
         health,
@@ -396,6 +452,8 @@ pub(crate) fn run(settings: RunSettings) -> Result<(), RunError> {
         takeover,
         debug: desk,
         health_served: None,
+        node_watch,
+        restart: restart.clone(),
     };
     info!(hostname = %syncer.config().hostname, "nftproxy running");
     runner::run(&mut index, &mut syncer, &rx, &stop, settings.timing, gate, &mut observer)?;
@@ -403,7 +461,10 @@ pub(crate) fn run(settings: RunSettings) -> Result<(), RunError> {
         warn!("stopped before the first complete list of Services and EndpointSlices");
     }
     info!("stopping; nftproxy's rules stay in the kernel");
-    Ok(())
+    match restart.reason() {
+        Some(reason) => Err(RunError::Restart(reason)),
+        None => Ok(()),
+    }
 }
 
 #[cfg(test)]

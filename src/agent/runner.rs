@@ -34,6 +34,11 @@ pub struct Timing {
     pub node_timeout: Duration,
 }
 
+/// The shortest periodic sync interval the loop runs, whatever it is given: a zero period (which
+/// validation refuses; this is the loop's own guard) would otherwise make every pass of the
+/// loop a full sync, a core spinning on nothing.
+pub(crate) const PERIODIC_FLOOR: Duration = Duration::from_millis(100);
+
 impl Default for Timing {
     fn default() -> Self {
         Timing {
@@ -79,7 +84,7 @@ fn not_ready(index: &ClusterIndex, gate: NodeGate, syncer: &Syncer) -> Option<St
     let Some(node) = index.state().node() else {
         return Some(format!("node {name:?} not found"));
     };
-    if node.internal_ips.is_empty() {
+    if node.host_ips.is_empty() {
         return Some(format!("node {name:?} has no InternalIP"));
     }
     if syncer.config().detect_local == DetectLocal::NodeCidr && node.pod_cidrs.is_empty() {
@@ -200,7 +205,7 @@ pub(crate) fn run(
         // periodic one starts no sooner than --min-sync-period after the last start.
         let periodic = match (started_syncing, retry_at) {
             (true, None) => last_full
-                .map(|t| t + timing.sync_period)
+                .map(|t| t + timing.sync_period.max(PERIODIC_FLOOR))
                 .map(|p| last_sync.map_or(p, |s| p.max(s + timing.min_sync_period))),
             _ => None,
         };
@@ -465,10 +470,34 @@ mod tests {
         assert!((1..=3).contains(&count.0), "{} syncs in 1.5 s", count.0);
     }
 
+    /// Zero periods (refused by validation; the loop guards itself too) never spin: idle, the
+    /// loop syncs at most once per [`PERIODIC_FLOOR`] and otherwise sleeps.
+    #[test]
+    fn zero_periods_never_spin_the_loop() {
+        let (tx, rx) = mpsc::channel();
+        let stop = Arc::new(AtomicBool::new(false));
+        let mut syncer = Syncer::new(ProxyConfig::new("node1"), Box::new(FakeNetfilter::new()), fixed_nodeports());
+        for e in lists(SVC, true) {
+            tx.send(e).unwrap();
+        }
+        let timing = Timing { min_sync_period: Duration::ZERO, sync_period: Duration::ZERO, ..Timing::default() };
+        let stopper = Arc::clone(&stop);
+        let sender = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(1000));
+            stopper.store(true, Ordering::Relaxed);
+            drop(tx);
+        });
+        let mut count = Count(0);
+        run(&mut ClusterIndex::new(), &mut syncer, &rx, &stop, timing, NodeGate::Listed, &mut count).unwrap();
+        sender.join().unwrap();
+        // One sync at start, then one per 100 ms floor at most: about 10 in a second.
+        assert!((1..=12).contains(&count.0), "{} syncs in 1 s with zero periods", count.0);
+    }
+
     /// Node-port addresses from the Node, as `primary` resolves them.
     fn nodeports_from_node() -> crate::sync::NodePortResolver {
         Box::new(|_: &ProxyConfig, node: Option<&crate::model::NodeInfo>| NodePortTargets {
-            v4: NodePorts::Addresses(node.map(|n| n.internal_ips.clone()).unwrap_or_default()),
+            v4: NodePorts::Addresses(node.map(|n| n.host_ips.clone()).unwrap_or_default()),
             v6: NodePorts::Addresses(vec![]),
         })
     }

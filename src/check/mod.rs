@@ -14,7 +14,9 @@
 //! takes what the kernel holds ([`TableInfo`], read by [`crate::netlink::Kernel::list_tables`])
 //! and nftproxy's own base chains ([`crate::plan::base_chains`]); [`host`] reads the rest.
 
+pub(crate) mod api;
 pub(crate) mod host;
+pub(crate) mod permissions;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
@@ -82,6 +84,8 @@ pub(crate) enum FindingKind {
     SnatFirst,
     /// iptables-legacy tables, which netlink for nf_tables cannot show.
     IptablesLegacy,
+    /// The API identity lacks a permission nftproxy uses (`check --kubeconfig`/`--api`).
+    MissingPermission,
 }
 
 /// One thing `check` found.

@@ -1,5 +1,7 @@
 //! Command-line interface. Flag names follow kube-proxy's.
 
+pub mod kube_proxy;
+
 use std::net::IpAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -8,6 +10,8 @@ use clap::{Args, Parser, Subcommand};
 use thiserror::Error;
 use tracing::{error, warn};
 
+use crate::config::duration::GoDuration;
+use crate::config::kubeproxy::KubeProxyConfiguration;
 use crate::config::{self, ConfigError, LoggingFormat, ProxyConfig};
 use crate::index::Pending;
 use crate::model::ClusterState;
@@ -45,7 +49,7 @@ pub enum Command {
     /// status: 0 nothing conflicts, 1 warnings or conflicts, 2 the check could not run.
     Check(CheckArgs),
     /// Run as the node's service proxy: watch the sources and keep the kernel in step.
-    Run(RunArgs),
+    Run(Box<RunArgs>),
     /// Set the kernel's conntrack limits and timeouts as kube-proxy does at start-up (the
     /// `conntrack:` settings of --config and the --conntrack-* flags), then exit: for a
     /// privileged init container, so `run` itself needs no writable /proc/sys. Exit status 1
@@ -128,72 +132,227 @@ pub struct RunArgs {
     /// them; `nftproxy check` lists them).
     #[arg(long, value_name = "BOOL", default_value_t = true, action = clap::ArgAction::Set)]
     pub cleanup_kube_proxy: bool,
+    /// kube-proxy's own flags, when started with kube-proxy's command line.
+    #[arg(skip)]
+    pub kube_proxy: kube_proxy::KubeProxyExtras,
+}
+
+/// `run`'s flags that upstream takes from the file when `--config` is given, by clap id.
+const FILE_WINS: &[(&str, &str)] = &[
+    ("kubeconfig", "kubeconfig"),
+    ("cluster_cidr", "cluster-cidr"),
+    ("masquerade_all", "masquerade-all"),
+    ("masquerade_bit", "masquerade-bit"),
+    ("nodeport_addresses", "nodeport-addresses"),
+    ("bind_address", "bind-address"),
+    ("detect_local_mode", "detect-local-mode"),
+    ("pod_bridge_interface", "pod-bridge-interface"),
+    ("pod_interface_name_prefix", "pod-interface-name-prefix"),
+    ("min_sync_period", "min-sync-period"),
+    ("sync_period", "sync-period"),
+    ("healthz_bind_address", "healthz-bind-address"),
+    ("metrics_bind_address", "metrics-bind-address"),
+    ("bind_address_hard_fail", "bind-address-hard-fail"),
+    ("conntrack_max_per_core", "conntrack-max-per-core"),
+    ("conntrack_min", "conntrack-min"),
+    ("conntrack_tcp_timeout_established", "conntrack-tcp-timeout-established"),
+    ("conntrack_tcp_timeout_close_wait", "conntrack-tcp-timeout-close-wait"),
+    ("conntrack_tcp_be_liberal", "conntrack-tcp-be-liberal"),
+    ("conntrack_udp_timeout", "conntrack-udp-timeout"),
+    ("conntrack_udp_timeout_stream", "conntrack-udp-timeout-stream"),
+];
+
+/// A flag given on the command line (not a default), by clap id.
+fn explicit_in(matches: Option<&clap::ArgMatches>) -> impl Fn(&str) -> bool + '_ {
+    move |id: &str| matches.is_some_and(|m| m.value_source(id) == Some(clap::parser::ValueSource::CommandLine))
+}
+
+/// An address flag with its deprecated port flag (`--healthz-port`, `--metrics-port`), as
+/// upstream combines them without a config file: port 0 disables, a bare IP gets the port.
+/// An empty address disables the server too (nftproxy's own flags allow it).
+fn address_with_port(address: &str, port: Option<i32>, default_port: u16) -> String {
+    match port {
+        Some(0) => String::new(),
+        _ if address.trim().is_empty() => String::new(),
+        Some(p) => config::kubeproxy::append_port_if_needed(address.trim(), u16::try_from(p).unwrap_or(default_port)),
+        None => config::kubeproxy::append_port_if_needed(address.trim(), default_port),
+    }
 }
 
 impl RunArgs {
-    /// Settings from the flags, the config file under them; warnings name unused file fields.
+    /// kube-proxy's configuration as the flags give it, without a config file: upstream's
+    /// defaults, then each flag (their defaults are upstream's).
+    fn kube_proxy_config_from_flags(&self) -> KubeProxyConfiguration {
+        let x = &self.kube_proxy;
+        let mut kp = KubeProxyConfiguration::defaults();
+        kp.mode = x.mode.clone().unwrap_or_default();
+        kp.feature_gates = x.feature_gates.clone();
+        kp.client_connection.kubeconfig = self.kubeconfig.clone().unwrap_or_default();
+        kp.bind_address = self.proxy.bind_address.trim().to_string();
+        kp.healthz_bind_address =
+            address_with_port(&self.healthz_bind_address, x.healthz_port, config::kubeproxy::HEALTHZ_PORT);
+        kp.metrics_bind_address =
+            address_with_port(&self.metrics_bind_address, x.metrics_port, config::kubeproxy::METRICS_PORT);
+        kp.bind_address_hard_fail = self.bind_address_hard_fail;
+        kp.cluster_cidr = self.proxy.cluster_cidr.clone();
+        kp.node_port_addresses =
+            (!self.proxy.nodeport_addresses.is_empty()).then(|| self.proxy.nodeport_addresses.clone());
+        kp.detect_local_mode = self.proxy.detect_local_mode.clone();
+        kp.detect_local.bridge_interface = self.proxy.pod_bridge_interface.clone().unwrap_or_default();
+        kp.detect_local.interface_name_prefix = self.proxy.pod_interface_name_prefix.clone().unwrap_or_default();
+        let bit = i32::try_from(self.proxy.masquerade_bit).unwrap_or(i32::MAX);
+        kp.iptables.masquerade_bit = Some(x.iptables_masquerade_bit.unwrap_or(bit));
+        kp.nftables.masquerade_bit = Some(bit);
+        kp.iptables.masquerade_all = self.proxy.masquerade_all;
+        kp.nftables.masquerade_all = self.proxy.masquerade_all;
+        // One pair of periods for whichever mode is named: upstream's --iptables-* flags set
+        // them unless the mode is ipvs, its --ipvs-* flags when it is; nftproxy's own flags
+        // otherwise.
+        let own = (GoDuration::from_std(self.sync_period), GoDuration::from_std(self.min_sync_period));
+        let named = if kp.mode == "ipvs" { x.ipvs_periods } else { x.iptables_periods };
+        let periods = (named.0.unwrap_or(own.0), named.1.unwrap_or(own.1));
+        (kp.iptables.sync_period, kp.iptables.min_sync_period) = periods;
+        (kp.ipvs.sync_period, kp.ipvs.min_sync_period) = periods;
+        (kp.nftables.sync_period, kp.nftables.min_sync_period) = periods;
+        let c = &self.conntrack;
+        kp.conntrack.max_per_core = Some(i64::from(c.conntrack_max_per_core));
+        kp.conntrack.min = Some(i64::from(c.conntrack_min));
+        kp.conntrack.tcp_established_timeout = Some(GoDuration::from_std(c.conntrack_tcp_timeout_established));
+        kp.conntrack.tcp_close_wait_timeout = Some(GoDuration::from_std(c.conntrack_tcp_timeout_close_wait));
+        kp.conntrack.tcp_be_liberal = c.conntrack_tcp_be_liberal;
+        kp.conntrack.udp_timeout = GoDuration::from_std(c.conntrack_udp_timeout);
+        kp.conntrack.udp_stream_timeout = GoDuration::from_std(c.conntrack_udp_timeout_stream);
+        kp.oom_score_adj = Some(x.oom_score_adj.unwrap_or(config::kubeproxy::OOM_SCORE_ADJ));
+        kp
+    }
+
+    /// kube-proxy's configuration with upstream's precedence: with `--config`, the file (every
+    /// kube-proxy flag but `--hostname-override` and the logging flags is then ignored, with a
+    /// warning naming it); without, the flags. Validated as upstream validates it. Returns the
+    /// configuration and warnings.
+    pub fn kube_proxy_config(
+        &self,
+        matches: Option<&clap::ArgMatches>,
+    ) -> Result<(KubeProxyConfiguration, Vec<String>), CliError> {
+        let explicit = explicit_in(matches);
+        let mut warnings: Vec<String> = self
+            .kube_proxy
+            .unused
+            .iter()
+            .map(|f| format!("--{f}: a kube-proxy flag nftproxy does not use; ignored"))
+            .collect();
+        let mut kp = match &self.config {
+            Some(path) => {
+                let (kp, found) = read_config(path)?;
+                warnings.extend(found.into_iter().map(|w| format!("--config {w}")));
+                let mut ignored: Vec<String> =
+                    FILE_WINS.iter().filter(|(id, _)| explicit(id)).map(|(_, flag)| flag.to_string()).collect();
+                let named: Vec<String> =
+                    self.kube_proxy.given.iter().filter(|f| !ignored.contains(f)).cloned().collect();
+                ignored.extend(named);
+                for flag in ignored {
+                    warnings.push(format!(
+                        "--{flag} is ignored: --config is given, and kube-proxy then takes it from the file"
+                    ));
+                }
+                kp
+            }
+            None => self.kube_proxy_config_from_flags(),
+        };
+        if let Some(h) = &self.proxy.hostname_override {
+            let h = h.trim();
+            if h.is_empty() {
+                return Err(ConfigError::EmptyHostname.into());
+            }
+            kp.hostname_override = h.to_lowercase();
+        }
+        kp.validate()?;
+        Ok((kp, warnings))
+    }
+
+    /// Settings from kube-proxy's configuration (see [`RunArgs::kube_proxy_config`]) and
+    /// nftproxy's own flags; warnings name what was not applied.
     pub fn settings(
         &self,
         matches: Option<&clap::ArgMatches>,
     ) -> Result<(crate::agent::RunSettings, Vec<String>), CliError> {
-        let explicit = |id: &str| -> bool {
-            matches.is_some_and(|m| m.value_source(id) == Some(clap::parser::ValueSource::CommandLine))
+        let (kp, mut warnings) = self.kube_proxy_config(matches)?;
+        let hostname = if kp.hostname_override.is_empty() {
+            nix::unistd::gethostname().map(|h| h.to_string_lossy().trim().to_lowercase()).unwrap_or_default()
+        } else {
+            kp.hostname_override.clone()
         };
-        let (file, warnings) = read_config(self.config.as_deref())?;
-        let proxy = config::merge(self.proxy.config()?, &explicit, &file)?;
-        let pick = |id: &str, flag: std::time::Duration, from_file: Option<std::time::Duration>| {
-            if explicit(id) { flag } else { from_file.unwrap_or(flag) }
+        let mut proxy = ProxyConfig::new(hostname);
+        let detect_local = kp.detect_local()?;
+        // Pod ranges matter only to ClusterCIDR mode; upstream ignores them in the others.
+        proxy.cluster_cidrs = match config::parse_cidrs("clusterCIDR", &kp.cluster_cidrs().join(",")) {
+            Ok(c) => c,
+            Err(_) if detect_local != config::DetectLocal::ClusterCidr => Vec::new(),
+            Err(e) => return Err(e.into()),
         };
-        // Upstream picks the servers' default addresses in the family of --bind-address.
-        let v6 = proxy.bind_address.is_some_and(|ip| ip.is_ipv6());
-        let address = |id: &'static str, flag: &str, from_file: Option<Option<std::net::SocketAddr>>| {
-            if explicit(id) {
-                return bind_address(id, flag);
-            }
-            match from_file {
-                Some(addr) => Ok(addr),
-                None if v6 => bind_address(id, &v6_default(flag)),
-                None => bind_address(id, flag),
-            }
-        };
-        let source = match (&self.manifests, &self.kubeconfig) {
-            (Some(path), _) => crate::agent::SourceSetting::Manifests(path.clone()),
-            (None, Some(kc)) => crate::agent::SourceSetting::Kubernetes { kubeconfig: Some(kc.clone()) },
-            (None, None) => crate::agent::SourceSetting::Kubernetes { kubeconfig: file.kubeconfig.clone() },
+        proxy.detect_local = detect_local;
+        proxy.masquerade_all = kp.masquerade_all();
+        proxy.masquerade_bit = u32::try_from(kp.masquerade_bit()).map_err(|_| ConfigError::MasqueradeBit(u32::MAX))?;
+        let (nodeport_addresses, found) = kp.node_port_addresses()?;
+        warnings.extend(found);
+        proxy.nodeport_addresses = nodeport_addresses;
+        proxy.bind_address = config::parse_bind_address("bindAddress", &kp.bind_address)?;
+        proxy.table = self.proxy.table.table.clone();
+        proxy.conntrack_cleanup = self.proxy.conntrack_cleanup;
+        proxy.table_ownership = self.proxy.table_ownership;
+        proxy.validate()?;
+        let (sync, min) = kp.sync_periods();
+        let source = match &self.manifests {
+            Some(path) => crate::agent::SourceSetting::Manifests(path.clone()),
+            None => crate::agent::SourceSetting::Kubernetes {
+                kubeconfig: Some(kp.client_connection.kubeconfig.clone()).filter(|k| !k.is_empty()),
+                master: self.kube_proxy.master.clone(),
+            },
         };
         let settings = crate::agent::RunSettings {
             proxy,
             source,
             timing: crate::agent::runner::Timing {
-                min_sync_period: pick("min_sync_period", self.min_sync_period, file.min_sync_period),
-                sync_period: pick("sync_period", self.sync_period, file.sync_period),
+                min_sync_period: min.to_std().unwrap_or_default(),
+                sync_period: sync.to_std().unwrap_or(crate::agent::runner::Timing::default().sync_period),
                 ..Default::default()
             },
-            healthz: address("healthz_bind_address", &self.healthz_bind_address, file.healthz_bind_address)?,
-            metrics: address("metrics_bind_address", &self.metrics_bind_address, file.metrics_bind_address)?,
+            healthz: kp.healthz_address(),
+            metrics: kp.metrics_address(),
             poll: self.manifests_poll,
-            conntrack: self.conntrack.settings(&explicit, &file.conntrack),
-            bind_address_hard_fail: if explicit("bind_address_hard_fail") {
-                self.bind_address_hard_fail
-            } else {
-                file.bind_address_hard_fail.unwrap_or(self.bind_address_hard_fail)
-            },
+            conntrack: conntrack_sysctls_of(&kp),
+            bind_address_hard_fail: kp.bind_address_hard_fail,
             cleanup_kube_proxy: self.cleanup_kube_proxy,
+            mode: kp.proxy_mode().unwrap_or(config::kubeproxy::ProxyMode::Unset),
+            oom_score_adj: kp.oom_score_adj,
+            config_file: self.config.clone(),
+            configz: kp.configz(),
         };
         Ok((settings, warnings))
     }
 }
 
-/// Reads a `--config` file, if one is given.
-fn read_config(path: Option<&std::path::Path>) -> Result<(config::file::FileSettings, Vec<String>), CliError> {
-    match path {
-        Some(path) => {
-            let text =
-                std::fs::read_to_string(path).map_err(|e| ConfigError::File(format!("{}: {e}", path.display())))?;
-            Ok(config::file::parse(&text)?)
-        }
-        None => Ok((config::file::FileSettings::default(), Vec::new())),
+/// The conntrack sysctls a validated configuration asks for (negative values were refused).
+fn conntrack_sysctls_of(kp: &KubeProxyConfiguration) -> crate::conntrack::sysctls::ConntrackSysctls {
+    let c = &kp.conntrack;
+    let defaults = crate::conntrack::sysctls::ConntrackSysctls::default();
+    let count = |v: Option<i64>, default: u32| v.and_then(|v| u32::try_from(v).ok()).unwrap_or(default);
+    let time = |d: Option<GoDuration>| d.and_then(GoDuration::to_std).unwrap_or_default();
+    crate::conntrack::sysctls::ConntrackSysctls {
+        max_per_core: count(c.max_per_core, defaults.max_per_core),
+        min: count(c.min, defaults.min),
+        tcp_established_timeout: time(c.tcp_established_timeout),
+        tcp_close_wait_timeout: time(c.tcp_close_wait_timeout),
+        tcp_be_liberal: c.tcp_be_liberal,
+        udp_timeout: time(Some(c.udp_timeout)),
+        udp_stream_timeout: time(Some(c.udp_stream_timeout)),
     }
+}
+
+/// Reads a `--config` file: defaulted, with warnings for unknown and unused fields.
+fn read_config(path: &std::path::Path) -> Result<(KubeProxyConfiguration, Vec<String>), CliError> {
+    let text = std::fs::read_to_string(path).map_err(|e| ConfigError::File(format!("{}: {e}", path.display())))?;
+    Ok(KubeProxyConfiguration::parse(&text)?)
 }
 
 /// kube-proxy's `--conntrack-*` flags: the kernel conntrack settings applied at start-up. A flag
@@ -228,41 +387,36 @@ pub struct ConntrackArgs {
 }
 
 impl ConntrackArgs {
-    /// The settings: flags given on the command line, else the file's, else the defaults.
-    pub fn settings(
-        &self,
-        explicit: &dyn Fn(&str) -> bool,
-        file: &config::file::ConntrackSettings,
-    ) -> crate::conntrack::sysctls::ConntrackSysctls {
-        fn pick<T>(explicit: bool, flag: T, file: Option<T>) -> T {
-            if explicit { flag } else { file.unwrap_or(flag) }
-        }
+    /// The flags' values.
+    pub fn sysctls(&self) -> crate::conntrack::sysctls::ConntrackSysctls {
         crate::conntrack::sysctls::ConntrackSysctls {
-            max_per_core: pick(explicit("conntrack_max_per_core"), self.conntrack_max_per_core, file.max_per_core),
-            min: pick(explicit("conntrack_min"), self.conntrack_min, file.min),
-            tcp_established_timeout: pick(
-                explicit("conntrack_tcp_timeout_established"),
-                self.conntrack_tcp_timeout_established,
-                file.tcp_established_timeout,
-            ),
-            tcp_close_wait_timeout: pick(
-                explicit("conntrack_tcp_timeout_close_wait"),
-                self.conntrack_tcp_timeout_close_wait,
-                file.tcp_close_wait_timeout,
-            ),
-            tcp_be_liberal: pick(
-                explicit("conntrack_tcp_be_liberal"),
-                self.conntrack_tcp_be_liberal,
-                file.tcp_be_liberal,
-            ),
-            udp_timeout: pick(explicit("conntrack_udp_timeout"), self.conntrack_udp_timeout, file.udp_timeout),
-            udp_stream_timeout: pick(
-                explicit("conntrack_udp_timeout_stream"),
-                self.conntrack_udp_timeout_stream,
-                file.udp_stream_timeout,
-            ),
+            max_per_core: self.conntrack_max_per_core,
+            min: self.conntrack_min,
+            tcp_established_timeout: self.conntrack_tcp_timeout_established,
+            tcp_close_wait_timeout: self.conntrack_tcp_timeout_close_wait,
+            tcp_be_liberal: self.conntrack_tcp_be_liberal,
+            udp_timeout: self.conntrack_udp_timeout,
+            udp_stream_timeout: self.conntrack_udp_timeout_stream,
         }
     }
+}
+
+/// The sysctls `conntrack-sysctls` sets: with `--config`, the file's `conntrack:` (defaulted,
+/// validated; flags are then ignored with a warning, as kube-proxy ignores them); else the flags.
+fn conntrack_settings(
+    args: &ConntrackSysctlsArgs,
+    matches: Option<&clap::ArgMatches>,
+) -> Result<crate::conntrack::sysctls::ConntrackSysctls, CliError> {
+    let Some(path) = &args.config else { return Ok(args.conntrack.sysctls()) };
+    let (kp, _unused_fields) = read_config(path)?;
+    kp.validate()?;
+    let explicit = explicit_in(matches);
+    for (id, flag) in FILE_WINS.iter().filter(|(id, _)| id.starts_with("conntrack_")) {
+        if explicit(id) {
+            warn!("--{flag} is ignored: --config is given, and kube-proxy then takes it from the file");
+        }
+    }
+    Ok(conntrack_sysctls_of(&kp))
 }
 
 /// `conntrack-sysctls` options.
@@ -285,11 +439,7 @@ pub struct ConntrackSysctlsArgs {
 /// `nftproxy conntrack-sysctls`: applies the settings, prints one line per value, and fails
 /// when start-up would have to refuse.
 fn conntrack_sysctls(args: &ConntrackSysctlsArgs, matches: Option<&clap::ArgMatches>) -> Result<(), CliError> {
-    let explicit = |id: &str| -> bool {
-        matches.is_some_and(|m| m.value_source(id) == Some(clap::parser::ValueSource::CommandLine))
-    };
-    let (file, _unused_fields) = read_config(args.config.as_deref())?;
-    let settings = args.conntrack.settings(&explicit, &file.conntrack);
+    let settings = conntrack_settings(args, matches)?;
     let roots =
         crate::conntrack::sysctls::SysctlRoots { proc_sys: args.proc_sys_root.clone(), sys: args.sys_root.clone() };
     let cpus = crate::conntrack::sysctls::machine_cpus(&roots);
@@ -328,7 +478,8 @@ pub struct ProxyArgs {
     #[arg(long, value_name = "CIDRS", default_value = "")]
     pub cluster_cidr: String,
     /// Masquerade all traffic to ClusterIPs.
-    #[arg(long)]
+    #[arg(long, value_name = "BOOL", num_args = 0..=1, default_value_t = false, default_missing_value = "true",
+          action = clap::ArgAction::Set)]
     pub masquerade_all: bool,
     /// The packet-mark bit that requests masquerade (14 → 0x4000).
     #[arg(long, value_name = "BIT", default_value_t = 14)]
@@ -527,7 +678,7 @@ fn explain(args: &ExplainArgs) -> Result<(), CliError> {
             let (planned, targets) = plan_here(&config, &state);
             // Offline, the node's addresses are the Node's and the node-port addresses; a
             // connection from the node starts at one of them.
-            let mut locals: Vec<IpAddr> = state.node().map(|n| n.internal_ips.clone()).unwrap_or_default();
+            let mut locals: Vec<IpAddr> = state.node().map(|n| n.host_ips.clone()).unwrap_or_default();
             for targets in [&targets.v4, &targets.v6] {
                 if let crate::plan::NodePorts::Addresses(ips) = targets {
                     locals.extend(ips.iter().copied());
@@ -598,6 +749,14 @@ impl StatusArgs {
 pub struct CheckArgs {
     #[command(flatten)]
     pub table: TableArgs,
+    /// Also ask the API server, with this kubeconfig, whether nftproxy's identity may list,
+    /// watch and write what nftproxy uses (after an image swap: kube-proxy's ServiceAccount and
+    /// its ClusterRole, system:node-proxier). Each missing permission is a finding.
+    #[arg(long, value_name = "PATH")]
+    pub kubeconfig: Option<String>,
+    /// As --kubeconfig, with the in-cluster ServiceAccount (inside nftproxy's pod).
+    #[arg(long, conflicts_with = "kubeconfig")]
+    pub api: bool,
     /// Report format.
     #[arg(long, value_name = "FORMAT", default_value = "text")]
     pub output: CheckOutput,
@@ -647,19 +806,12 @@ pub enum CliError {
     Status(#[from] crate::status::StatusError),
     #[error(transparent)]
     Explain(#[from] crate::explain::ExplainError),
+    #[error(transparent)]
+    Kube(#[from] crate::source::kube::KubeSourceError),
 }
 
 fn parse_logging_format(s: &str) -> Result<LoggingFormat, String> {
     LoggingFormat::parse("--logging-format", s).map_err(|e| e.to_string())
-}
-
-/// A default server address moved to IPv6: `0.0.0.0:P` → `[::]:P`, `127.0.0.1:P` → `[::1]:P`.
-fn v6_default(v4: &str) -> String {
-    match v4.rsplit_once(':') {
-        Some(("0.0.0.0", port)) => format!("[::]:{port}"),
-        Some(("127.0.0.1", port)) => format!("[::1]:{port}"),
-        _ => v4.to_string(),
-    }
 }
 
 /// The log format: `--logging-format` when given, else `logging.format` of `run --config`,
@@ -672,8 +824,8 @@ pub fn logging_format(cli: &Cli) -> LoggingFormat {
     args.config
         .as_ref()
         .and_then(|path| std::fs::read_to_string(path).ok())
-        .and_then(|text| config::file::parse(&text).ok())
-        .and_then(|(file, _)| file.logging_format)
+        .and_then(|text| KubeProxyConfiguration::parse(&text).ok())
+        .and_then(|(file, _)| file.logging_format().ok())
         .unwrap_or_default()
 }
 
@@ -777,6 +929,58 @@ pub fn sync_once(config: &ProxyConfig, state: &ClusterState) -> Result<sync::Syn
     Ok(syncer.sync(state, &everything, SyncReason::Startup, true)?)
 }
 
+/// kube-proxy's `--cleanup`: deletes nftproxy's tables here and exits (kube-proxy's own
+/// leftovers go in the first sync of the next start, or with `nftproxy check`'s guidance).
+pub fn kube_proxy_cleanup(cli: &Cli) -> ExitCode {
+    let Command::Run(args) = &cli.command else { return ExitCode::FAILURE };
+    let mut config = ProxyConfig::new("cleanup");
+    config.table = args.proxy.table.table.clone();
+    let result = Kernel::open().map_err(CliError::from).and_then(|mut k| Ok(sync::cleanup(&mut k, &config)?));
+    match result {
+        Ok(n) => {
+            tracing::info!(tables = n, "--cleanup: nftproxy's tables deleted");
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            error!("{e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// kube-proxy's `--write-config-to`: writes the configuration the command line gives (the
+/// defaults under the flags, or the `--config` file defaulted) as YAML, then exits.
+pub fn write_config_to(cli: &Cli, matches: &clap::ArgMatches, path: &str) -> ExitCode {
+    let Command::Run(args) = &cli.command else { return ExitCode::FAILURE };
+    let written = args
+        .kube_proxy_config(matches.subcommand_matches("run"))
+        .and_then(|(kp, _)| {
+            serde_yaml_ng::to_string(&kp).map_err(|e| CliError::Invalid {
+                flag: "--write-config-to",
+                value: path.to_string(),
+                why: e.to_string(),
+            })
+        })
+        .and_then(|text| {
+            std::fs::write(path, text).map_err(|e| CliError::Invalid {
+                flag: "--write-config-to",
+                value: path.to_string(),
+                why: e.to_string(),
+            })
+        });
+    match written {
+        Ok(()) => {
+            tracing::info!(file = path, "Wrote configuration");
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            error!("{e}");
+            eprintln!("error: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
 /// Runs the CLI; returns the process exit code. `matches` tells flags given on the command line
 /// from defaults (a config file sits between them).
 pub fn run(cli: Cli, matches: Option<&clap::ArgMatches>) -> ExitCode {
@@ -819,6 +1023,14 @@ fn check(args: &CheckArgs) -> Result<u8, CliError> {
     });
     let leftovers = crate::takeover::Leftovers::read_with(&mut kernel, &tables)?;
     report.takeover = Some(leftovers).filter(|l| !l.is_empty() || !l.kept.is_empty());
+    if args.api || args.kubeconfig.is_some() {
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().map_err(CliError::Output)?;
+        let (who, denied) = rt.block_on(crate::check::api::denied(args.kubeconfig.as_deref()))?;
+        let mut missing = crate::check::permissions::findings(&denied, &who);
+        missing.append(&mut report.findings);
+        report.findings = missing;
+        report.findings.sort_by(|a, b| b.severity.cmp(&a.severity));
+    }
     match args.output {
         CheckOutput::Text => print!("{}", report.to_text()),
         CheckOutput::Json => {
@@ -914,40 +1126,118 @@ mod tests {
     use super::*;
 
     /// `conntrack-sysctls` parsed as the binary parses it, with `file` as its config's text.
-    fn sysctls(args: &[&str], file: &str) -> crate::conntrack::sysctls::ConntrackSysctls {
-        let matches = Cli::command().try_get_matches_from(args).unwrap();
+    fn sysctls(args: &[&str], file: Option<&str>) -> crate::conntrack::sysctls::ConntrackSysctls {
+        let dir = tempfile::tempdir().unwrap();
+        let mut args: Vec<String> = args.iter().map(|a| a.to_string()).collect();
+        if let Some(text) = file {
+            let path = dir.path().join("config.yaml");
+            std::fs::write(&path, text).unwrap();
+            args.push(format!("--config={}", path.display()));
+        }
+        let matches = Cli::command().try_get_matches_from(&args).unwrap();
         let Command::ConntrackSysctls(parsed) = Cli::from_arg_matches(&matches).unwrap().command else {
             panic!("not conntrack-sysctls")
         };
-        let sub = matches.subcommand_matches("conntrack-sysctls").unwrap();
-        let explicit = |id: &str| sub.value_source(id) == Some(clap::parser::ValueSource::CommandLine);
-        let (file, _) = config::file::parse(file).unwrap();
-        parsed.conntrack.settings(&explicit, &file.conntrack)
+        conntrack_settings(&parsed, matches.subcommand_matches("conntrack-sysctls")).unwrap()
     }
 
     #[test]
-    fn conntrack_flags_override_the_file_which_overrides_the_defaults() {
-        let defaults = sysctls(&["nftproxy", "conntrack-sysctls"], "{}");
+    fn conntrack_settings_come_from_the_file_when_given_as_upstream_takes_them() {
+        let defaults = sysctls(&["nftproxy", "conntrack-sysctls"], None);
         assert_eq!(defaults, crate::conntrack::sysctls::ConntrackSysctls::default());
-        let file = "conntrack: {maxPerCore: 0, min: 5, udpTimeout: 45s, tcpBeLiberal: true}";
-        let s = sysctls(
+        assert_eq!(sysctls(&["nftproxy", "conntrack-sysctls"], Some("{}")), defaults, "an empty file is the defaults");
+        let file = "conntrack: {maxPerCore: 0, min: 5, udpTimeout: 45s, tcpBeLiberal: true, tcpCloseWaitTimeout: null}";
+        let s = sysctls(&["nftproxy", "conntrack-sysctls", "--conntrack-min=7"], Some(file));
+        assert_eq!((s.max_per_core, s.min, s.tcp_be_liberal), (0, 5, true), "the file wins");
+        assert_eq!(s.udp_timeout, std::time::Duration::from_secs(45));
+        assert_eq!(s.tcp_close_wait_timeout, std::time::Duration::from_secs(3600), "null is the default");
+        let flags = sysctls(
             &[
                 "nftproxy",
                 "conntrack-sysctls",
                 "--conntrack-min=7",
-                "--conntrack-tcp-be-liberal=false",
+                "--conntrack-tcp-be-liberal",
                 "--conntrack-tcp-timeout-established",
                 "24h0m0s",
-                "--conntrack-udp-timeout-stream=0",
             ],
-            file,
+            None,
         );
-        assert_eq!((s.max_per_core, s.min, s.tcp_be_liberal), (0, 7, false));
-        assert_eq!(s.udp_timeout, std::time::Duration::from_secs(45));
-        assert_eq!(s.tcp_established_timeout, std::time::Duration::from_secs(86400));
-        assert_eq!(s.tcp_close_wait_timeout, std::time::Duration::from_secs(3600), "the default");
-        let liberal = sysctls(&["nftproxy", "conntrack-sysctls", "--conntrack-tcp-be-liberal"], "{}");
-        assert!(liberal.tcp_be_liberal);
+        assert_eq!((flags.min, flags.tcp_be_liberal), (7, true));
+        assert_eq!(flags.tcp_established_timeout, std::time::Duration::from_secs(86400));
         assert!(Cli::command().try_get_matches_from(["nftproxy", "run", "--conntrack-min=-1"]).is_err());
+    }
+
+    /// `run`'s settings as the binary reads them, with `file` as the config file if given.
+    fn run_settings(args: &[&str], file: Option<&str>) -> Result<(crate::agent::RunSettings, Vec<String>), CliError> {
+        let dir = tempfile::tempdir().unwrap();
+        let mut argv: Vec<String> = ["nftproxy", "run"].iter().chain(args).map(|a| a.to_string()).collect();
+        if let Some(text) = file {
+            let path = dir.path().join("config.conf");
+            std::fs::write(&path, text).unwrap();
+            argv.push(format!("--config={}", path.display()));
+        }
+        let matches = Cli::command().try_get_matches_from(&argv).unwrap();
+        let Command::Run(parsed) = Cli::from_arg_matches(&matches).unwrap().command else { panic!("not run") };
+        parsed.settings(matches.subcommand_matches("run"))
+    }
+
+    /// The three failures with kubeadm's file: no servers, zero periods.
+    #[test]
+    fn kubeadms_config_serves_and_syncs_as_kube_proxy_would() {
+        let kubeadm = include_str!("../../integration/fixtures/installers/kubeadm/config.conf");
+        let (s, warnings) = run_settings(&["--hostname-override=Node1"], Some(kubeadm)).unwrap();
+        assert_eq!(s.healthz, Some("0.0.0.0:10256".parse().unwrap()));
+        assert_eq!(s.metrics, Some("127.0.0.1:10249".parse().unwrap()));
+        assert_eq!(s.timing.sync_period, std::time::Duration::from_secs(30));
+        assert_eq!(s.timing.min_sync_period, std::time::Duration::from_secs(1));
+        assert_eq!(s.proxy.hostname, "node1");
+        assert_eq!(s.proxy.masquerade_bit, 14);
+        assert!(warnings.is_empty(), "{warnings:?}");
+    }
+
+    #[test]
+    fn with_a_config_file_the_file_wins_but_for_the_hostname() {
+        let file = "clusterCIDR: 10.1.0.0/16\nhostnameOverride: from-file\nmode: nftables\nnftables: {masqueradeBit: 5, masqueradeAll: true, syncPeriod: 1m}\n";
+        let (s, warnings) = run_settings(
+            &["--hostname-override=from-flags", "--cluster-cidr=10.2.0.0/16", "--sync-period=5s"],
+            Some(file),
+        )
+        .unwrap();
+        assert_eq!(s.proxy.hostname, "from-flags");
+        assert_eq!(s.proxy.cluster_cidrs[0].to_string(), "10.1.0.0/16");
+        assert_eq!((s.proxy.masquerade_bit, s.proxy.masquerade_all), (5, true));
+        assert_eq!(s.timing.sync_period, std::time::Duration::from_secs(60));
+        assert!(warnings.iter().any(|w| w.starts_with("--cluster-cidr is ignored")), "{warnings:?}");
+        assert!(warnings.iter().any(|w| w.starts_with("--sync-period is ignored")), "{warnings:?}");
+        // Without a file the flags apply.
+        let (s, _) =
+            run_settings(&["--hostname-override=n", "--cluster-cidr=10.2.0.0/16", "--sync-period=5s"], None).unwrap();
+        assert_eq!(s.proxy.cluster_cidrs[0].to_string(), "10.2.0.0/16");
+        assert_eq!(s.timing.sync_period, std::time::Duration::from_secs(5));
+        assert!(run_settings(&["--hostname-override=  "], None).is_err(), "upstream refuses an empty override");
+    }
+
+    #[test]
+    fn zero_or_negative_periods_never_reach_the_loop() {
+        let err = run_settings(&["--hostname-override=n", "--sync-period=0s"], None).unwrap_err().to_string();
+        assert!(
+            err.contains("KubeProxyConfiguration.SyncPeriod: Invalid value: \"0s\": must be greater than 0"),
+            "{err}"
+        );
+        let err = run_settings(&["--hostname-override=n"], Some("mode: nftables\nnftables: {syncPeriod: -1s}\n"))
+            .unwrap_err()
+            .to_string();
+        assert!(err.starts_with("failed validate: "), "{err}");
+        let (s, _) =
+            run_settings(&["--hostname-override=n"], Some("nftables: {syncPeriod: 0s, minSyncPeriod: 0s}\n")).unwrap();
+        assert_eq!(s.timing.sync_period, std::time::Duration::from_secs(30), "zero is upstream's default");
+    }
+
+    #[test]
+    fn bare_ip_flags_get_ports_and_deprecated_ports_apply() {
+        let (s, _) = run_settings(&["--hostname-override=n", "--healthz-bind-address=127.0.0.1"], None).unwrap();
+        assert_eq!(s.healthz, Some("127.0.0.1:10256".parse().unwrap()));
+        let (s, _) = run_settings(&["--hostname-override=n", "--healthz-bind-address="], None).unwrap();
+        assert_eq!(s.healthz, None, "empty disables");
     }
 }

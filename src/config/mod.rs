@@ -1,6 +1,7 @@
 //! Validated settings shared by every command.
 
-pub mod file;
+pub mod duration;
+pub mod kubeproxy;
 
 use std::net::IpAddr;
 
@@ -30,6 +31,9 @@ pub enum ConfigError {
     Value { field: &'static str, value: String, expected: &'static str },
     #[error("cannot read the config file: {0}")]
     File(String),
+    /// Upstream's validation errors, in its words.
+    #[error("failed validate: {0}")]
+    Invalid(String),
 }
 
 /// How pod traffic is told apart from other traffic (kube-proxy's `detectLocalMode`).
@@ -181,41 +185,6 @@ impl ProxyConfig {
     }
 }
 
-/// Applies a config file under the flags: a setting comes from the command line when the flag
-/// was given there (`explicit(flag id)`), else from the file when it has it, else it keeps the
-/// flag's default already in `flags`.
-pub(crate) fn merge(
-    mut flags: ProxyConfig,
-    explicit: &dyn Fn(&str) -> bool,
-    file: &file::FileSettings,
-) -> Result<ProxyConfig, ConfigError> {
-    let from_file = |id: &str| !explicit(id);
-    if let (true, Some(h)) = (from_file("hostname_override"), &file.hostname_override) {
-        flags.hostname = h.clone();
-    }
-    if let (true, Some(c)) = (from_file("cluster_cidr"), &file.cluster_cidrs) {
-        flags.cluster_cidrs = c.clone();
-    }
-    if let (true, Some(m)) = (from_file("masquerade_all"), file.masquerade_all) {
-        flags.masquerade_all = m;
-    }
-    if let (true, Some(b)) = (from_file("masquerade_bit"), file.masquerade_bit) {
-        flags.masquerade_bit = b;
-    }
-    if let (true, Some(n)) = (from_file("nodeport_addresses"), &file.nodeport_addresses) {
-        flags.nodeport_addresses = n.clone();
-    }
-    if let (true, Some(b)) = (from_file("bind_address"), file.bind_address) {
-        flags.bind_address = specified(b);
-    }
-    let detect_flags = ["detect_local_mode", "pod_bridge_interface", "pod_interface_name_prefix"];
-    if let (true, Some(d)) = (detect_flags.iter().all(|f| from_file(f)), &file.detect_local) {
-        flags.detect_local = d.clone();
-    }
-    flags.validate()?;
-    Ok(flags)
-}
-
 /// Parses a comma-separated CIDR list (`10.244.0.0/16,fd00:10::/48`), normalizing host bits.
 pub fn parse_cidrs(field: &'static str, s: &str) -> Result<Vec<IpNet>, ConfigError> {
     s.split(',')
@@ -337,48 +306,6 @@ mod tests {
         c.cluster_cidrs = parse_cidrs("x", "10.0.0.0/8,10.1.0.0/16").unwrap();
         assert_eq!(c.validate(), Err(ConfigError::TooManyClusterCidrs(IpFamily::V4)));
         assert_eq!(ProxyConfig::new("n").masquerade_mark(), 0x4000);
-    }
-
-    #[test]
-    fn flags_override_the_file_which_overrides_defaults() {
-        let (file, _) = file::parse(
-            "clusterCIDR: 10.1.0.0/16\nhostnameOverride: from-file\nnftables: {masqueradeBit: 5, masqueradeAll: true}\ndetectLocalMode: NodeCIDR\n",
-        )
-        .unwrap();
-        let mut flags = ProxyConfig::new("from-flags");
-        flags.cluster_cidrs = parse_cidrs("x", "10.2.0.0/16").unwrap();
-        // (flags given on the command line, hostname, cluster CIDR, mark bit, masquerade-all, detect-local)
-        type Case<'a> = (&'a [&'a str], &'a str, &'a str, u32, bool, DetectLocal);
-        let cases: [Case<'_>; 4] = [
-            (&[], "from-file", "10.1.0.0/16", 5, true, DetectLocal::NodeCidr),
-            (&["hostname_override", "masquerade_bit"], "from-flags", "10.1.0.0/16", 14, true, DetectLocal::NodeCidr),
-            (
-                &["cluster_cidr", "masquerade_all", "detect_local_mode"],
-                "from-file",
-                "10.2.0.0/16",
-                5,
-                false,
-                DetectLocal::ClusterCidr,
-            ),
-            (
-                &["hostname_override", "cluster_cidr", "masquerade_bit", "masquerade_all", "detect_local_mode"],
-                "from-flags",
-                "10.2.0.0/16",
-                14,
-                false,
-                DetectLocal::ClusterCidr,
-            ),
-        ];
-        for (explicit, host, cidr, bit, all, detect) in cases {
-            let merged = merge(flags.clone(), &|id| explicit.contains(&id), &file).unwrap();
-            assert_eq!(merged.hostname, host, "{explicit:?}");
-            assert_eq!(merged.cluster_cidrs[0].to_string(), cidr, "{explicit:?}");
-            assert_eq!(merged.masquerade_bit, bit, "{explicit:?}");
-            assert_eq!(merged.masquerade_all, all, "{explicit:?}");
-            assert_eq!(merged.detect_local, detect, "{explicit:?}");
-        }
-        let (bad, _) = file::parse("detectLocalMode: BridgeInterface\n").unwrap();
-        assert!(merge(flags, &|_| false, &bad).is_err(), "a bridge mode without a bridge is invalid");
     }
 
     #[test]

@@ -81,8 +81,26 @@ impl Reply {
     }
 }
 
-/// Handles one request: method, path and query string (empty when none); bodies are ignored.
-pub(crate) type Handler = Arc<dyn Fn(&str, &str, &str) -> Reply + Send + Sync>;
+/// What a request asks: its method, path, query string (empty when none) and `Accept` header
+/// (empty when none); bodies are ignored.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Asked<'a> {
+    pub method: &'a str,
+    pub path: &'a str,
+    pub query: &'a str,
+    pub accept: &'a str,
+}
+
+impl<'a> Asked<'a> {
+    /// A GET of `path` with `query`, accepting anything.
+    #[cfg(test)]
+    pub(crate) fn get(path: &'a str, query: &'a str) -> Asked<'a> {
+        Asked { method: "GET", path, query, accept: "" }
+    }
+}
+
+/// Handles one request.
+pub(crate) type Handler = Arc<dyn Fn(&Asked<'_>) -> Reply + Send + Sync>;
 
 fn respond(reply: Reply) -> Response<Full<Bytes>> {
     let mut builder = Response::builder().status(reply.status).header("Content-Type", reply.content_type);
@@ -144,7 +162,14 @@ pub(crate) async fn serve(
             let service = hyper::service::service_fn(move |req: Request<Incoming>| {
                 // The body is dropped unread: hyper then drains what has already arrived and
                 // otherwise closes the connection after the response.
-                let reply = handler(req.method().as_str(), req.uri().path(), req.uri().query().unwrap_or(""));
+                let accept = req.headers().get(hyper::header::ACCEPT).and_then(|v| v.to_str().ok()).unwrap_or("");
+                let asked = Asked {
+                    method: req.method().as_str(),
+                    path: req.uri().path(),
+                    query: req.uri().query().unwrap_or(""),
+                    accept,
+                };
+                let reply = handler(&asked);
                 async move { Ok::<_, Infallible>(respond(reply)) }
             });
             let conn = http.serve_connection(TokioIo::new(stream), service);
@@ -208,7 +233,7 @@ pub(crate) mod tests {
         let listener = bind(SocketAddr::from(([127, 0, 0, 1], 0))).expect("bind");
         let addr = listener.local_addr().expect("local address");
         let listener = TcpListener::from_std(listener).expect("tokio listener");
-        let handler: Handler = Arc::new(|_method, path, _query| Reply::text(StatusCode::OK, format!("ok {path}")));
+        let handler: Handler = Arc::new(|asked| Reply::text(StatusCode::OK, format!("ok {}", asked.path)));
         let (stop, stop_rx) = watch::channel(false);
         tokio::spawn(serve(listener, handler, limits, stop_rx));
         Server { addr, _stop: stop }

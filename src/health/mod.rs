@@ -22,12 +22,17 @@ use tracing::{error, info};
 
 use crate::metrics::Metrics;
 use crate::model::NamespacedName;
+use crate::net::IpFamily;
 use crate::plan::{HealthCheck, NodePorts};
+#[cfg(test)]
+use http::Asked;
 use http::{Handler, Limits, Reply};
 
 #[derive(Debug)]
 struct State {
     last_updated: Option<SystemTime>,
+    /// The families the last sync programmed (upstream: one proxier each).
+    families: Vec<IpFamily>,
     oldest_pending: Option<Instant>,
     node_eligible: bool,
     services: BTreeMap<NamespacedName, usize>,
@@ -46,6 +51,7 @@ pub(crate) struct Status {
     pub healthy: bool,
     pub node_eligible: bool,
     pub last_updated: Option<SystemTime>,
+    pub families: Vec<IpFamily>,
 }
 
 impl ProxyHealth {
@@ -55,6 +61,7 @@ impl ProxyHealth {
             timeout,
             state: Mutex::new(State {
                 last_updated: None,
+                families: Vec::new(),
                 oldest_pending: None,
                 node_eligible: true,
                 services: BTreeMap::new(),
@@ -74,18 +81,22 @@ impl ProxyHealth {
         }
     }
 
-    /// A sync succeeded: nothing is pending, and these are the health-checked services.
-    pub(crate) fn updated(&self, checks: &[HealthCheck]) {
+    /// A sync of `families` succeeded: nothing is pending, and these are the health-checked
+    /// services.
+    pub(crate) fn updated(&self, families: &[IpFamily], checks: &[HealthCheck]) {
         let mut s = self.lock();
         s.last_updated = Some(SystemTime::now());
+        s.families = families.to_vec();
         s.oldest_pending = None;
         s.services = checks.iter().map(|c| (c.service.clone(), c.local_endpoints)).collect();
     }
 
-    /// A sync succeeded and the health-checked services are the same as after the last one.
-    pub(crate) fn synced(&self) {
+    /// A sync of `families` succeeded and the health-checked services are the same as after
+    /// the last one.
+    pub(crate) fn synced(&self, families: &[IpFamily]) {
         let mut s = self.lock();
         s.last_updated = Some(SystemTime::now());
+        s.families = families.to_vec();
         s.oldest_pending = None;
     }
 
@@ -98,7 +109,7 @@ impl ProxyHealth {
     pub(crate) fn status(&self, now: Instant) -> Status {
         let s = self.lock();
         let healthy = s.oldest_pending.is_none_or(|t| now.saturating_duration_since(t) < self.timeout);
-        Status { healthy, node_eligible: s.node_eligible, last_updated: s.last_updated }
+        Status { healthy, node_eligible: s.node_eligible, last_updated: s.last_updated, families: s.families.clone() }
     }
 
     /// Local ready endpoints of a health-checked service, if it is one.
@@ -107,35 +118,86 @@ impl ProxyHealth {
     }
 }
 
-fn rfc3339(t: Option<SystemTime>) -> String {
-    t.map(|t| humantime::format_rfc3339_millis(t).to_string()).unwrap_or_default()
+/// A time as Go's `time.Time` marshals it in UTC (RFC 3339 with nanoseconds, trailing zeros
+/// dropped); `None` is Go's zero time.
+fn go_time(t: Option<SystemTime>) -> String {
+    let Some(t) = t else { return "0001-01-01T00:00:00Z".to_string() };
+    let full = humantime::format_rfc3339_nanos(t).to_string();
+    match full.split_once('.') {
+        Some((seconds, fraction)) => {
+            let digits = fraction.trim_end_matches('Z').trim_end_matches('0');
+            if digits.is_empty() { format!("{seconds}Z") } else { format!("{seconds}.{digits}Z") }
+        }
+        None => full,
+    }
+}
+
+/// One family's entry of `status` (upstream's `ProxierHealth`).
+#[derive(serde::Serialize)]
+struct ProxierHealthBody {
+    #[serde(rename = "lastUpdated")]
+    last_updated: String,
+    healthy: bool,
+}
+
+/// `/healthz` and `/livez`'s body, field for field as upstream's `ProxyHealth` marshals it.
+#[derive(serde::Serialize)]
+struct ProxyHealthBody {
+    #[serde(rename = "lastUpdated")]
+    last_updated: String,
+    #[serde(rename = "currentTime")]
+    current_time: String,
+    #[serde(rename = "nodeEligible", skip_serializing_if = "Option::is_none")]
+    node_eligible: Option<bool>,
+    healthy: bool,
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    status: BTreeMap<&'static str, ProxierHealthBody>,
+}
+
+/// The body for `status` at `now`; `node_eligible` only for `/healthz`. A healthy answer's
+/// `lastUpdated` is the current time, as upstream writes it.
+fn health_body(status: &Status, now: SystemTime, node_eligible: Option<bool>, ok: bool) -> String {
+    let family_status = status
+        .families
+        .iter()
+        .map(|f| {
+            let name = match f {
+                IpFamily::V4 => "IPv4",
+                IpFamily::V6 => "IPv6",
+            };
+            (name, ProxierHealthBody { last_updated: go_time(status.last_updated), healthy: status.healthy })
+        })
+        .collect();
+    let body = ProxyHealthBody {
+        last_updated: go_time(if ok { Some(now) } else { status.last_updated }),
+        current_time: go_time(Some(now)),
+        node_eligible,
+        healthy: status.healthy,
+        status: family_status,
+    };
+    serde_json::to_string(&body).unwrap_or_default()
 }
 
 /// The `/healthz` and `/livez` handler; each answer is counted in
 /// `kubeproxy_proxy_healthz_total` / `kubeproxy_proxy_livez_total` by status code.
 pub(crate) fn proxier_handler(health: Arc<ProxyHealth>, metrics: Arc<Metrics>) -> Handler {
-    Arc::new(move |_method, path, _query| {
+    Arc::new(move |asked| {
         let status = health.status(Instant::now());
-        let (ok, livez) = match path {
+        let (ok, livez) = match asked.path {
             "/healthz" => (status.healthy && status.node_eligible, false),
             "/livez" => (status.healthy, true),
             _ => return Reply::text(StatusCode::NOT_FOUND, "404 page not found\n"),
         };
         let code = if ok { StatusCode::OK } else { StatusCode::SERVICE_UNAVAILABLE };
         metrics.health_answered(livez, code);
-        let body = serde_json::json!({
-            "lastUpdated": rfc3339(status.last_updated),
-            "currentTime": rfc3339(Some(SystemTime::now())),
-            "nodeEligible": status.node_eligible,
-        })
-        .to_string();
-        Reply::json(code, body)
+        let eligible = (!livez).then_some(status.node_eligible);
+        Reply::json(code, health_body(&status, SystemTime::now(), eligible, ok))
     })
 }
 
 /// The handler of one service's health-check port.
 pub(crate) fn service_handler(health: Arc<ProxyHealth>, service: NamespacedName) -> Handler {
-    Arc::new(move |_method, _path, _query| {
+    Arc::new(move |_| {
         let count = health.local_endpoints(&service).unwrap_or(0);
         let healthy = health.status(Instant::now()).healthy;
         let body = serde_json::to_string_pretty(&serde_json::json!({
@@ -351,7 +413,7 @@ mod tests {
             let h = ProxyHealth::new(Duration::from_secs(60));
             let port = free_port();
             let checks = [HealthCheck { service: NamespacedName::new("ns", "lb"), port, local_endpoints: 2 }];
-            h.updated(&checks);
+            h.updated(&[], &checks);
             let mut servers = ServiceHealthServers::new(Handle::current(), h, limits());
             let v4 = NodePorts::Addresses(vec![IpAddr::from([127, 0, 0, 1])]);
             let v6 = NodePorts::Addresses(Vec::new());
@@ -387,7 +449,7 @@ mod tests {
             let h = ProxyHealth::new(Duration::from_secs(60));
             let port = free_port();
             let checks = [HealthCheck { service: NamespacedName::new("ns", "lb"), port, local_endpoints: 1 }];
-            h.updated(&checks);
+            h.updated(&[], &checks);
             let mut servers = ServiceHealthServers::new(Handle::current(), h, limits());
             let first = SocketAddr::from(([127, 0, 0, 1], port));
             let second = SocketAddr::from(([127, 0, 0, 2], port));
@@ -424,7 +486,7 @@ mod tests {
         h.queued(t0);
         assert!(h.status(t0 + Duration::from_secs(59)).healthy);
         assert!(!h.status(t0 + Duration::from_secs(61)).healthy);
-        h.updated(&[]);
+        h.updated(&[IpFamily::V4], &[]);
         assert!(h.status(t0 + Duration::from_secs(61)).healthy);
         assert!(h.status(t0).last_updated.is_some());
     }
@@ -433,15 +495,15 @@ mod tests {
     fn service_health_follows_local_endpoints() {
         let h = ProxyHealth::new(Duration::from_secs(60));
         let svc = NamespacedName::new("ns", "lb");
-        h.updated(&[HealthCheck { service: svc.clone(), port: 30000, local_endpoints: 2 }]);
-        let reply = service_handler(Arc::clone(&h), svc.clone())("GET", "/anything", "");
+        h.updated(&[], &[HealthCheck { service: svc.clone(), port: 30000, local_endpoints: 2 }]);
+        let reply = service_handler(Arc::clone(&h), svc.clone())(&Asked::get("/anything", ""));
         assert_eq!(reply.status, StatusCode::OK);
         let body: serde_json::Value = serde_json::from_str(&reply.body).unwrap();
         assert_eq!(body["localEndpoints"], 2);
         assert_eq!(body["service"]["name"], "lb");
         assert_eq!(body["serviceProxyHealthy"], true);
-        h.updated(&[HealthCheck { service: svc.clone(), port: 30000, local_endpoints: 0 }]);
-        assert_eq!(service_handler(Arc::clone(&h), svc)("GET", "/", "").status, StatusCode::SERVICE_UNAVAILABLE);
+        h.updated(&[], &[HealthCheck { service: svc.clone(), port: 30000, local_endpoints: 0 }]);
+        assert_eq!(service_handler(Arc::clone(&h), svc)(&Asked::get("/", "")).status, StatusCode::SERVICE_UNAVAILABLE);
     }
 
     #[test]
@@ -450,12 +512,43 @@ mod tests {
         h.set_node_eligible(false);
         let metrics = Metrics::new();
         let handler = proxier_handler(Arc::clone(&h), Arc::clone(&metrics));
-        assert_eq!(handler("GET", "/healthz", "").status, StatusCode::SERVICE_UNAVAILABLE);
-        assert_eq!(handler("GET", "/livez", "").status, StatusCode::OK);
-        assert_eq!(handler("GET", "/other", "").status, StatusCode::NOT_FOUND);
+        assert_eq!(handler(&Asked::get("/healthz", "")).status, StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(handler(&Asked::get("/livez", "")).status, StatusCode::OK);
+        assert_eq!(handler(&Asked::get("/other", "")).status, StatusCode::NOT_FOUND);
         let text = metrics.encode();
         assert!(text.contains("kubeproxy_proxy_healthz_total{code=\"503\"} 1"), "{text}");
         assert!(text.contains("kubeproxy_proxy_livez_total{code=\"200\"} 1"), "{text}");
+    }
+
+    /// Upstream's `ProxyHealth` JSON: its fields in its order, `nodeEligible` on /healthz only,
+    /// a status per family synced, Go's time format.
+    #[test]
+    fn health_bodies_are_upstreams_field_for_field() {
+        let h = ProxyHealth::new(Duration::from_secs(60));
+        let handler = proxier_handler(Arc::clone(&h), Metrics::new());
+        let before: serde_json::Value = serde_json::from_str(&handler(&Asked::get("/livez", "")).body).unwrap();
+        assert!(before.get("status").is_none(), "no family synced yet: {before}");
+        h.updated(&[IpFamily::V4, IpFamily::V6], &[]);
+        let healthz = handler(&Asked::get("/healthz", "")).body;
+        assert!(healthz.starts_with(r#"{"lastUpdated":""#), "{healthz}");
+        let keys: Vec<&str> = healthz
+            .match_indices("\":")
+            .map(|(i, _)| {
+                let start = healthz[..i].rfind('"').unwrap() + 1;
+                &healthz[start..i]
+            })
+            .collect();
+        assert_eq!(&keys[..4], ["lastUpdated", "currentTime", "nodeEligible", "healthy"], "{healthz}");
+        let v: serde_json::Value = serde_json::from_str(&healthz).unwrap();
+        assert_eq!(v["healthy"], true);
+        assert_eq!(v["status"]["IPv4"]["healthy"], true);
+        assert!(v["status"]["IPv6"]["lastUpdated"].as_str().unwrap().ends_with('Z'));
+        let livez: serde_json::Value = serde_json::from_str(&handler(&Asked::get("/livez", "")).body).unwrap();
+        assert!(livez.get("nodeEligible").is_none(), "{livez}");
+        assert_eq!(go_time(None), "0001-01-01T00:00:00Z");
+        let t = std::time::UNIX_EPOCH + Duration::from_millis(1_500);
+        assert_eq!(go_time(Some(t)), "1970-01-01T00:00:01.5Z");
+        assert_eq!(go_time(Some(std::time::UNIX_EPOCH + Duration::from_secs(2))), "1970-01-01T00:00:02Z");
     }
 
     /// A port that is taken is retried every period until it is free.
@@ -464,7 +557,7 @@ mod tests {
         bounded(async {
             let addr = SocketAddr::from(([127, 0, 0, 1], free_port()));
             let squatter = std::net::TcpListener::bind(addr).expect("bind");
-            let handler: Handler = Arc::new(|_, _, _| Reply::text(StatusCode::OK, "ok"));
+            let handler: Handler = Arc::new(|_| Reply::text(StatusCode::OK, "ok"));
             let _stop = start_retrying(&Handle::current(), "test", addr, handler, limits(), Duration::from_millis(100));
             tokio::time::sleep(Duration::from_millis(250)).await;
             drop(squatter);

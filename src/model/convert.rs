@@ -531,15 +531,18 @@ pub(crate) fn node(node: &api::Node) -> Converted<NodeInfo> {
     if let Some(e) = subdomain_error(&name) {
         return c.skip("metadata.name", e);
     }
-    let mut internal_ips = Vec::new();
+    // Upstream's GetNodeHostIPs: InternalIPs first, then ExternalIPs.
+    let mut host_ips = Vec::new();
     let addresses = node.status.as_ref().and_then(|s| s.addresses.as_ref());
-    for (i, addr) in addresses.into_iter().flatten().enumerate() {
-        if addr.type_ != "InternalIP" {
-            continue;
-        }
-        match parse_ip(&addr.address) {
-            Some(ip) => internal_ips.push(ip),
-            None => c.field(format!("status.addresses[{i}]"), format!("invalid IP {:?}", addr.address)),
+    for kind in ["InternalIP", "ExternalIP"] {
+        for (i, addr) in addresses.into_iter().flatten().enumerate() {
+            if addr.type_ != kind {
+                continue;
+            }
+            match parse_ip(&addr.address) {
+                Some(ip) => host_ips.push(ip),
+                None => c.field(format!("status.addresses[{i}]"), format!("invalid IP {:?}", addr.address)),
+            }
         }
     }
     let mut pod_cidrs = Vec::new();
@@ -560,7 +563,7 @@ pub(crate) fn node(node: &api::Node) -> Converted<NodeInfo> {
     c.done(Some(NodeInfo {
         name,
         labels: node.metadata.labels.clone().unwrap_or_default(),
-        internal_ips,
+        host_ips,
         pod_cidrs,
         being_deleted: node.metadata.deletion_timestamp.is_some() || tainted,
     }))

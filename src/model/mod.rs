@@ -186,8 +186,9 @@ pub struct SliceEndpoint {
 pub struct NodeInfo {
     pub name: String,
     pub labels: BTreeMap<String, String>,
-    /// InternalIP addresses (NodePort's default `primary` addresses).
-    pub internal_ips: Vec<IpAddr>,
+    /// The Node's addresses as upstream's `GetNodeHostIPs` orders them: InternalIPs, then
+    /// ExternalIPs. The first of each family is its node IP (`primary` NodePort addresses).
+    pub host_ips: Vec<IpAddr>,
     pub pod_cidrs: Vec<IpNet>,
     /// Being deleted (deletionTimestamp set, or tainted `ToBeDeletedByClusterAutoscaler`):
     /// `/healthz` then fails so load balancers drain the node, as upstream does.

@@ -373,7 +373,7 @@ fn health_check(state: &ClusterState, service: &ServiceInfo, node_name: &str) ->
 pub(crate) fn families(input: &PlanInput<'_>) -> Vec<IpFamily> {
     let v6 = input.config.cluster_cidrs.iter().any(|c| IpFamily::of_net(c) == IpFamily::V6)
         || input.state.has_ipv6_services()
-        || input.state.node().is_some_and(|n| n.internal_ips.iter().any(|ip| ip.is_ipv6()))
+        || input.state.node().is_some_and(|n| n.host_ips.iter().any(|ip| ip.is_ipv6()))
         // ServiceCIDR (issue 14): an IPv6 service range is dropped in the ip6 table.
         || !input.state.service_cidrs(IpFamily::V6).is_empty();
     if v6 { vec![IpFamily::V4, IpFamily::V6] } else { vec![IpFamily::V4] }

@@ -190,11 +190,8 @@ impl<'a> PortPlan<'a> {
             let mut allowed = ranges.clone();
             // A node inside the allowed ranges may reach the VIP with the VIP itself as source
             // (the VIP is often a local address): allow that too, as upstream does.
-            let node_ip = self
-                .input
-                .state
-                .node()
-                .and_then(|n| n.internal_ips.iter().copied().find(|ip| IpFamily::of(ip) == family));
+            let node_ip =
+                self.input.state.node().and_then(|n| n.host_ips.iter().copied().find(|ip| IpFamily::of(ip) == family));
             if node_ip.is_some_and(|ip| ranges.iter().any(|r| r.contains(&ip))) {
                 allowed.extend(lb_ips.iter().map(|ip| IpNet::from(*ip)));
             }

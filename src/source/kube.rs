@@ -45,11 +45,14 @@ pub enum KubeSourceError {
     Infer(String),
     #[error("cannot create the Kubernetes client: {0}")]
     Client(#[from] kube::Error),
+    #[error("invalid --master {0:?}: expected a URL such as https://10.0.0.1:6443")]
+    Master(String),
 }
 
-/// A client from `--kubeconfig`, or in-cluster (service account), or the usual inference.
-pub(crate) async fn client(kubeconfig: Option<&str>) -> Result<Client, KubeSourceError> {
-    let config = match kubeconfig {
+/// A client from `--kubeconfig`, or in-cluster (service account), or the usual inference;
+/// `master` (kube-proxy's `--master`) replaces the server address.
+pub(crate) async fn client(kubeconfig: Option<&str>, master: Option<&str>) -> Result<Client, KubeSourceError> {
+    let mut config = match kubeconfig {
         Some(path) => {
             let kc = kube::config::Kubeconfig::read_from(path)
                 .map_err(|source| KubeSourceError::Kubeconfig { path: path.to_string(), source })?;
@@ -59,6 +62,9 @@ pub(crate) async fn client(kubeconfig: Option<&str>) -> Result<Client, KubeSourc
         }
         None => kube::Config::infer().await.map_err(|e| KubeSourceError::Infer(e.to_string()))?,
     };
+    if let Some(master) = master {
+        config.cluster_url = master.parse().map_err(|_| KubeSourceError::Master(master.to_string()))?;
+    }
     Ok(Client::try_from(config)?)
 }
 
@@ -248,9 +254,9 @@ pub(crate) enum Notice {
     /// A health-check node port that could not be opened: upstream's Warning
     /// `FailedToStartServiceHealthcheck` on the Service, sent at every sync until it opens.
     HealthCheckBindFailed { service: NamespacedName, port: u16, error: String },
-    /// A Warning on this node's Node with upstream's reason and action `StartKubeProxy`
-    /// (`FailedToStartProxierHealthcheck`, `FailedToStartMetricServer`).
-    NodeWarning { reason: &'static str, note: String },
+    /// An Event on this node's Node with upstream's reason and action `StartKubeProxy`:
+    /// Normal `Starting`; Warning `FailedToStartProxierHealthcheck`, `FailedToStartMetricServer`.
+    NodeEvent { warning: bool, reason: &'static str, note: String },
 }
 
 /// Publishes Kubernetes Events (events.k8s.io/v1) for what the agent reports.
@@ -283,7 +289,7 @@ impl EventPublisher {
             Notice::HealthCheckBindFailed { service, port, error } => {
                 health_check_event(&self.hostname, service, *port, error)
             }
-            Notice::NodeWarning { reason, note } => node_event(&self.hostname, reason, note),
+            Notice::NodeEvent { warning, reason, note } => node_event(&self.hostname, *warning, reason, note),
         };
         if let Err(e) = self.recorder.publish(&event, &reference).await {
             debug!(error = %e, "cannot publish event");
@@ -342,8 +348,8 @@ pub(crate) fn health_check_event(
     (reference, event)
 }
 
-/// A Warning on this node's Node (UID: the node's name, as upstream's NodeRef).
-fn node_event(node: &str, reason: &str, note: &str) -> (ObjectReference, K8sEvent) {
+/// An Event on this node's Node (UID: the node's name, as upstream's NodeRef).
+fn node_event(node: &str, warning: bool, reason: &str, note: &str) -> (ObjectReference, K8sEvent) {
     let reference = ObjectReference {
         api_version: Some("v1".into()),
         kind: Some("Node".into()),
@@ -352,7 +358,7 @@ fn node_event(node: &str, reason: &str, note: &str) -> (ObjectReference, K8sEven
         ..Default::default()
     };
     let event = K8sEvent {
-        type_: EventType::Warning,
+        type_: if warning { EventType::Warning } else { EventType::Normal },
         reason: reason.to_string(),
         note: Some(note.chars().take(1024).collect()),
         action: "StartKubeProxy".into(),

@@ -205,7 +205,7 @@ fn an_invalid_node_address_is_skipped_alone() {
         "apiVersion: v1\nkind: Node\nmetadata: {name: node1}\nstatus: {addresses: [{type: InternalIP, address: 192.168.0.300}, {type: InternalIP, address: 192.168.0.9}]}\n",
     );
     out.field_ignored("Node node1", "status.addresses[0]", "invalid IP \"192.168.0.300\"");
-    assert_eq!(out.state.node().map(|n| n.internal_ips.len()), Some(1));
+    assert_eq!(out.state.node().map(|n| n.host_ips.len()), Some(1));
 }
 
 // --- IPv6 addresses in IPv4 fields -----------------------------------------------------------

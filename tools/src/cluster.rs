@@ -96,7 +96,7 @@ pub fn state(size: Size) -> ClusterState {
     s.set_node(Some(NodeInfo {
         name: "node1".into(),
         labels: [("kubernetes.io/hostname".to_string(), "node1".to_string())].into(),
-        internal_ips: vec![IpAddr::V4(Ipv4Addr::new(192, 168, 0, 2))],
+        host_ips: vec![IpAddr::V4(Ipv4Addr::new(192, 168, 0, 2))],
         ..NodeInfo::default()
     }));
     s

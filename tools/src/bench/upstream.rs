@@ -190,7 +190,7 @@ fn node_view<'a>(state: &'a ClusterState, node: &'a str) -> NodeView<'a> {
 
 /// The node's primary IPv4 address: where nftables mode accepts NodePorts by default.
 fn node_ip(state: &ClusterState) -> Option<IpAddr> {
-    state.node()?.internal_ips.iter().copied().find(IpAddr::is_ipv4)
+    state.node()?.host_ips.iter().copied().find(IpAddr::is_ipv4)
 }
 
 fn ports_of<'a>(state: &ClusterState, svc: &'a ServiceInfo, node: &NodeView<'_>) -> Vec<Port<'a>> {

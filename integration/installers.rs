@@ -1,0 +1,382 @@
+//! The image swap, installer by installer: nftproxy started exactly as each installer starts
+//! kube-proxy (its command line from `fixtures/installers/<name>/args.txt`, its files at the
+//! paths it mounts them, the binary at `/usr/local/bin/kube-proxy`), in node1 of the lab,
+//! against the test API server. Each must run, serve `/healthz`, `/livez` and `/metrics` where
+//! kube-proxy would (`expect.yaml`), program a Service, apply a change within a second, and sit
+//! idle below 1% of a core.
+//!
+//! The process gets a private mount namespace (tmpfs over the installer's directories) and UTS
+//! namespace (hostname `node1`, for installers that pass no `--hostname-override`), so nothing
+//! is written outside the test's own directories. What differs from a real node is what names
+//! the cluster: the API server's address (in the kubeconfig and kops' `--master`) and the node's
+//! name.
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use crate::common::apiserver::{FakeApi, objects};
+use crate::common::*;
+use nftproxy::net::L4Proto;
+
+const FIXTURES: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/integration/fixtures/installers");
+
+/// Where an installer puts things, beyond its command line.
+struct Installer {
+    name: &'static str,
+    /// Fixture files copied to their place in the node: (file in the fixture, path).
+    files: &'static [(&'static str, &'static str)],
+    /// Where the kubeconfig goes, and whether it is the installer's own (service account token
+    /// file, as kubeadm's and kind's ConfigMap) or the cluster's (anything: the lab's is used).
+    kubeconfig: (&'static str, Kubeconfig),
+    /// The node's name in the fixture, replaced by the lab's.
+    node_name: &'static str,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Kubeconfig {
+    /// The fixture's kubeconfig, pointed at the lab (token from its `tokenFile`).
+    Installers(&'static str),
+    /// The lab's kubeconfig at the installer's path.
+    Lab,
+}
+
+const TOKEN_FILE: &str = "/var/run/secrets/kubernetes.io/serviceaccount/token";
+
+const INSTALLERS: &[Installer] = &[
+    Installer {
+        name: "kubeadm",
+        files: &[("config.conf", "/var/lib/kube-proxy/config.conf")],
+        kubeconfig: ("/var/lib/kube-proxy/kubeconfig.conf", Kubeconfig::Installers("kubeconfig.conf")),
+        node_name: "$(NODE_NAME)",
+    },
+    Installer {
+        name: "kind",
+        files: &[("config.conf", "/var/lib/kube-proxy/config.conf")],
+        kubeconfig: ("/var/lib/kube-proxy/kubeconfig.conf", Kubeconfig::Installers("kubeconfig.conf")),
+        node_name: "$(NODE_NAME)",
+    },
+    Installer {
+        name: "kind-nftables",
+        files: &[("config.conf", "/var/lib/kube-proxy/config.conf")],
+        kubeconfig: ("/var/lib/kube-proxy/kubeconfig.conf", Kubeconfig::Installers("kubeconfig.conf")),
+        node_name: "$(NODE_NAME)",
+    },
+    Installer {
+        name: "kops",
+        files: &[],
+        kubeconfig: ("/var/lib/kube-proxy/kubeconfig", Kubeconfig::Lab),
+        node_name: "",
+    },
+    Installer {
+        name: "k3s",
+        files: &[],
+        kubeconfig: ("/var/lib/rancher/k3s/agent/kubeproxy.kubeconfig", Kubeconfig::Lab),
+        node_name: "worker-1",
+    },
+    Installer {
+        name: "rke2",
+        files: &[],
+        kubeconfig: ("/var/lib/rancher/rke2/agent/kubeproxy.kubeconfig", Kubeconfig::Lab),
+        node_name: "worker-1",
+    },
+    Installer {
+        name: "talos",
+        files: &[("config.conf", "/var/lib/kube-proxy/config.conf")],
+        kubeconfig: ("/etc/kubernetes/kubeconfig", Kubeconfig::Lab),
+        node_name: "$(NODE_NAME)",
+    },
+    Installer {
+        name: "talos-legacy-flags",
+        files: &[],
+        kubeconfig: ("/etc/kubernetes/kubeconfig", Kubeconfig::Lab),
+        node_name: "$(NODE_NAME)",
+    },
+];
+
+/// The installer's arguments (one a line, `#` comments skipped).
+fn args_of(dir: &Path) -> Vec<String> {
+    std::fs::read_to_string(dir.join("args.txt"))
+        .unwrap()
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty() && !l.starts_with('#'))
+        .map(str::to_string)
+        .collect()
+}
+
+/// A top-level `key: value` of `expect.yaml`.
+fn expected(dir: &Path, key: &str) -> String {
+    let text = std::fs::read_to_string(dir.join("expect.yaml")).unwrap();
+    let doc: serde_yaml_ng::Value = serde_yaml_ng::from_str(&text).unwrap();
+    match &doc[key] {
+        serde_yaml_ng::Value::String(s) => s.clone(),
+        serde_yaml_ng::Value::Null => String::new(),
+        other => serde_yaml_ng::to_string(other).unwrap().trim().to_string(),
+    }
+}
+
+/// A process started by the test, killed on drop.
+struct Started(std::process::Child);
+
+impl Drop for Started {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// CPU time the process has used (user + system), from `/proc/<pid>/stat`.
+fn cpu_time(pid: u32) -> Duration {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    let after_name = stat.rsplit_once(')').map_or("", |(_, rest)| rest);
+    let fields: Vec<&str> = after_name.split_whitespace().collect();
+    // utime and stime are fields 14 and 15 of the file; index 11 and 12 after the name.
+    let ticks: u64 = [11, 12].iter().filter_map(|&i| fields.get(i)?.parse::<u64>().ok()).sum();
+    Duration::from_millis(ticks * 10)
+}
+
+/// The address to ask for a server bound to `bound` (a wildcard is asked on loopback).
+fn reachable(bound: &str) -> String {
+    bound.replace("0.0.0.0", "127.0.0.1").replace("[::]", "[::1]")
+}
+
+/// Writes the start script: a private mount namespace with the installer's files in place,
+/// the binary as `/usr/local/bin/kube-proxy`, then the installer's command line.
+fn start_script(lab: &ClusterLab, installer: &Installer, api: &FakeApi, args: &[String]) -> PathBuf {
+    let dir = Path::new(FIXTURES).join(installer.name);
+    let stage = lab.dir.path().join("stage");
+    let mut lines = vec![
+        "set -eu".to_string(),
+        "mount --make-rprivate /".to_string(),
+        // conntrack's hashsize is global: hidden, so the test cannot change the host's.
+        "mount -t tmpfs -o ro tmpfs /sys/module/nf_conntrack/parameters 2>/dev/null || true".to_string(),
+        "hostname node1".to_string(),
+        "mount -t tmpfs tmpfs /usr/local/bin".to_string(),
+        format!("ln -s {} /usr/local/bin/kube-proxy", env!("CARGO_BIN_EXE_nftproxy")),
+    ];
+    let mut placed: Vec<(PathBuf, String)> =
+        installer.files.iter().map(|(file, to)| (dir.join(file), to.to_string())).collect();
+    let server = api.kubeconfig();
+    let lab_server = server.split("server: \"").nth(1).and_then(|s| s.split('"').next()).unwrap().to_string();
+    let kubeconfig_text = match installer.kubeconfig.1 {
+        Kubeconfig::Lab => server.clone(),
+        Kubeconfig::Installers(file) => {
+            let text = std::fs::read_to_string(dir.join(file)).unwrap();
+            let token = stage.join("token");
+            std::fs::create_dir_all(&stage).unwrap();
+            std::fs::write(&token, "test").unwrap();
+            placed.push((token, TOKEN_FILE.to_string()));
+            text.lines()
+                .filter(|l| !l.trim_start().starts_with("certificate-authority"))
+                .map(|l| match l.split_once("server:") {
+                    Some((indent, _)) => format!("{indent}server: {lab_server}"),
+                    None => l.to_string(),
+                })
+                .collect::<Vec<_>>()
+                .join("\n")
+        }
+    };
+    let staged = lab.write(&format!("{}-kubeconfig", installer.name), &kubeconfig_text);
+    placed.push((staged, installer.kubeconfig.0.to_string()));
+    // tmpfs over each top directory the files go under (/var/lib, /run, /etc/kubernetes via /etc).
+    let mut tops: Vec<&str> = Vec::new();
+    for (_, to) in &placed {
+        let to = to.replace("/var/run/", "/run/");
+        let top = ["/var/lib", "/run/secrets", "/etc"].into_iter().find(|t| to.starts_with(t)).unwrap();
+        if !tops.contains(&top) {
+            tops.push(top);
+        }
+    }
+    for top in &tops {
+        if *top == "/etc" {
+            // Keep what name resolution and TLS need; the rest of /etc is the installer's.
+            let kept = "hosts passwd group nsswitch.conf ssl";
+            lines.push(format!(
+                "mkdir -p \"$STAGE\"/etc && for f in {kept}; do cp -a /etc/$f \"$STAGE\"/etc/ 2>/dev/null || true; done"
+            ));
+            lines.push("mount -t tmpfs tmpfs /etc".into());
+            lines.push("cp -a \"$STAGE\"/etc/. /etc/".into());
+        } else {
+            lines.push(format!("mkdir -p {top} && mount -t tmpfs tmpfs {top}"));
+        }
+    }
+    for (from, to) in &placed {
+        let to = to.replace("/var/run/", "/run/");
+        lines.push(format!("mkdir -p \"$(dirname {to})\" && cp {} {to}", from.display()));
+    }
+    let quoted: Vec<String> = args.iter().map(|a| format!("'{}'", a.replace('\'', "'\\''"))).collect();
+    lines.push(format!("exec /usr/local/bin/kube-proxy {}", quoted.join(" ")));
+    std::fs::create_dir_all(&stage).unwrap();
+    let script = lab.dir.path().join(format!("{}.sh", installer.name));
+    std::fs::write(&script, format!("STAGE={}\n{}\n", stage.display(), lines.join("\n"))).unwrap();
+    script
+}
+
+fn run_installer(installer: &Installer) {
+    let dir = Path::new(FIXTURES).join(installer.name);
+    let lab = ClusterLab::new();
+    let api = FakeApi::start(&lab.lab.node("node1").ns);
+    for obj in objects(&services_yaml(&[Svc {
+        name: "web",
+        cluster_ip: "10.96.0.10",
+        endpoints: &[WEB_1, WEB_2],
+        ..Default::default()
+    }])) {
+        api.apply(obj);
+    }
+    let lab_server = api.kubeconfig();
+    let lab_url = lab_server.split("server: \"").nth(1).and_then(|s| s.split('"').next()).unwrap().to_string();
+    let args: Vec<String> = args_of(&dir)
+        .into_iter()
+        .map(|a| {
+            let a = if installer.node_name.is_empty() { a } else { a.replace(installer.node_name, "node1") };
+            // kops names its API server on the command line.
+            if a.starts_with("--master=") { format!("--master={lab_url}") } else { a }
+        })
+        .collect();
+    let script = start_script(&lab, installer, &api, &args);
+    let log_path = lab.dir.path().join("proxy.log");
+    let child = lab
+        .lab
+        .node("node1")
+        .ns
+        .command("unshare")
+        .args(["--mount", "--uts", "--propagation", "private", "sh"])
+        .arg(&script)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::fs::File::create(&log_path).unwrap())
+        .spawn()
+        .unwrap();
+    let proxy = Started(child);
+    let pid = proxy.0.id();
+    let log = || std::fs::read_to_string(&log_path).unwrap_or_default();
+    let name = installer.name;
+
+    let healthz = reachable(&expected(&dir, "healthz"));
+    let metrics = reachable(&expected(&dir, "metrics"));
+    assert!(
+        lab.eventually(Duration::from_secs(20), || {
+            lab.http_get("node1", &healthz, "/healthz").is_ok_and(|(c, _)| c == 200)
+                && lab.listing().contains("table ip nftproxy")
+        }),
+        "{name}: no first sync, or /healthz on {healthz} did not answer 200:\n{}",
+        log()
+    );
+    let (code, body) = lab.http_get("node1", &healthz, "/livez").unwrap();
+    assert_eq!(code, 200, "{name}: /livez {body}");
+    let livez: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(livez["healthy"], true, "{name}: {body}");
+    assert!(livez["status"]["IPv4"]["lastUpdated"].is_string(), "{name}: per-family status: {body}");
+    let (code, text) = lab.http_get("node1", &metrics, "/metrics").unwrap();
+    assert_eq!(code, 200, "{name}: /metrics on {metrics}");
+    assert!(text.contains("# TYPE kubeproxy_sync_proxy_rules_duration_seconds histogram"), "{name}: {text}");
+    assert!(text.contains("# TYPE kubeproxy_sync_proxy_rules_endpoint_changes_total counter"), "{name}: text format");
+    assert!(!text.contains("# EOF"), "{name}: the Prometheus text format, not OpenMetrics");
+    let (code, configz) = lab.http_get("node1", &metrics, "/configz").unwrap();
+    assert_eq!(code, 200, "{name}: /configz");
+    let configz: serde_json::Value = serde_json::from_str(&configz).unwrap();
+    let sync_period = expected(&dir, "syncPeriod");
+    assert_eq!(configz["kubeproxy.config.k8s.io"]["nftables"]["syncPeriod"], sync_period.as_str(), "{name}");
+
+    // The Service is programmed.
+    let t = lab.tally("client", L4Proto::Tcp, "10.96.0.10:80", 20);
+    assert_eq!(backends(&t), set(&["web-1", "web-2"]), "{name}: {t:?}\n{}", log());
+    assert!(
+        lab.eventually(Duration::from_secs(5), || api.events().iter().any(|e| e["reason"] == "Starting")),
+        "{name}: the Starting Event on the Node: {:?}",
+        api.events()
+    );
+
+    // A change is applied within a second: the Service and its slice arrive as two events,
+    // and the second may wait out the minimum sync period (1 s) the first one started, as
+    // upstream's does. Measured from the write to the first answer through the new ClusterIP;
+    // the bound adds 250 ms for the asking.
+    std::thread::sleep(Duration::from_millis(1200));
+    let asked = Instant::now();
+    for obj in objects(&services_yaml(&[Svc {
+        name: "api",
+        cluster_ip: "10.96.0.11",
+        endpoints: &[WEB_1],
+        ..Default::default()
+    }])) {
+        api.apply(obj);
+    }
+    assert!(
+        lab.eventually(Duration::from_secs(5), || lab
+            .ask("client", L4Proto::Tcp, "10.96.0.11:80")
+            .is_ok_and(|a| a.backend == "web-1")),
+        "{name}: the new Service was not programmed:\n{}",
+        log()
+    );
+    let took = asked.elapsed();
+    eprintln!("{name}: a new Service answered {:.0} ms after it was written", took.as_secs_f64() * 1000.0);
+    assert!(took <= Duration::from_millis(1250), "{name}: a change took {took:?}");
+
+    // Idle: below 1% of a core over 5 s.
+    let before = cpu_time(pid);
+    std::thread::sleep(Duration::from_secs(5));
+    let used = cpu_time(pid) - before;
+    eprintln!("{name}: {} ms of CPU in 5 s idle", used.as_millis());
+    assert!(used <= Duration::from_millis(50), "{name}: {used:?} of CPU in 5 s idle (over 1% of a core)");
+    let log = log();
+    assert!(!log.contains("ERROR"), "{name}: errors in the log:\n{log}");
+    assert!(log.contains("nftproxy started with kube-proxy's command line"), "{name}:\n{log}");
+}
+
+#[test]
+fn every_installer_starts_nftproxy_as_it_starts_kube_proxy() {
+    if skip_unless_privileged() {
+        return;
+    }
+    for installer in INSTALLERS {
+        run_installer(installer);
+    }
+}
+
+/// kubeadm's file as kube-proxy reads it: no servers disabled, no zero periods (the issue's
+/// three failures), without root.
+#[test]
+fn kubeadms_files_parse_with_upstreams_defaults() {
+    let dir = Path::new(FIXTURES).join("kubeadm");
+    let text = std::fs::read_to_string(dir.join("config.conf")).unwrap();
+    let (c, warnings) = nftproxy::config::kubeproxy::KubeProxyConfiguration::parse(&text).unwrap();
+    assert!(warnings.is_empty(), "{warnings:?}");
+    assert_eq!(c.validate(), Ok(()));
+    assert_eq!(c.healthz_bind_address, expected(&dir, "healthz"));
+    assert_eq!(c.metrics_bind_address, expected(&dir, "metrics"));
+    assert_eq!(c.sync_periods().0.to_string(), expected(&dir, "syncPeriod"));
+    assert_eq!(c.sync_periods().1.to_string(), expected(&dir, "minSyncPeriod"));
+    // The DaemonSet's command line is kube-proxy's, read as kube-proxy reads it.
+    let mut argv = vec![std::ffi::OsString::from("/usr/local/bin/kube-proxy")];
+    argv.extend(args_of(&dir).into_iter().map(Into::into));
+    assert!(nftproxy::cli::kube_proxy::is_kube_proxy(&argv));
+    let t = nftproxy::cli::kube_proxy::translate(&argv).unwrap();
+    assert_eq!(t.action, nftproxy::cli::kube_proxy::Action::Run);
+}
+
+/// Every fixture's command line is accepted as kube-proxy v1.37 accepts it, and so is every
+/// flag kube-proxy has (FLAGS.txt, read off upstream's binary).
+#[test]
+fn every_installers_command_line_and_every_kube_proxy_flag_is_accepted() {
+    for installer in INSTALLERS {
+        let mut argv = vec![std::ffi::OsString::from("kube-proxy")];
+        argv.extend(args_of(&Path::new(FIXTURES).join(installer.name)).into_iter().map(Into::into));
+        let t = nftproxy::cli::kube_proxy::translate(&argv).unwrap_or_else(|e| panic!("{}: {e}", installer.name));
+        assert_eq!(t.action, nftproxy::cli::kube_proxy::Action::Run, "{}", installer.name);
+    }
+    let flags = std::fs::read_to_string(Path::new(FIXTURES).join("FLAGS.txt")).unwrap();
+    let mut seen = 0;
+    for line in flags.lines().filter(|l| !l.starts_with('#') && !l.trim().is_empty()) {
+        let mut cols = line.split('\t');
+        let (name, kind) = (cols.next().unwrap().trim(), cols.next().unwrap_or("").trim());
+        if name == "help" || name == "version" {
+            continue;
+        }
+        let arg = if kind == "bool" { format!("--{name}") } else { format!("--{name}=1") };
+        let result = nftproxy::cli::kube_proxy::translate(&["kube-proxy".into(), arg.clone().into()]);
+        // A value of "1" may be the wrong type for the flag; it must not be unknown.
+        assert!(!matches!(result, Err(nftproxy::cli::kube_proxy::FlagError::Unknown(_))), "{arg}: {result:?}");
+        seen += 1;
+    }
+    assert!(seen >= 50, "FLAGS.txt lists kube-proxy's flags ({seen})");
+}
