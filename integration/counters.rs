@@ -119,7 +119,7 @@ fn connections_and_rejects_are_counted_per_service_port() {
     assert_eq!(t.answered(), 4, "{t:?}");
     scraper.expect(connections, &labels("remote", "http", "TCP", None), 4);
 
-    // The raw counters, as the README shows them.
+    // The raw counters, as docs/debugging.md shows them.
     let listed = lab.listing();
     assert!(listed.contains("10.96.0.10 . tcp . 80 counter packets 25 bytes"), "{listed}");
 }

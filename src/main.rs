@@ -3,7 +3,7 @@ use std::process::ExitCode;
 
 use clap::{CommandFactory, FromArgMatches};
 use nftproxy::cli::kube_proxy::{self, Action};
-use nftproxy::cli::{Cli, Command, logging_format, run};
+use nftproxy::cli::{Cli, Command, config_verbosity, logging_format, run};
 use nftproxy::config::LoggingFormat;
 use tracing_subscriber::EnvFilter;
 
@@ -62,7 +62,9 @@ fn main() -> ExitCode {
     if let (Some(t), Command::Run(run_args)) = (&translated, &mut cli.command) {
         run_args.kube_proxy = t.extras.clone();
     }
-    let default = match cli.verbose {
+    // Flags win over the file's `logging.verbosity`, as upstream copies logging flags over it.
+    let verbose = if cli.verbose > 0 { cli.verbose } else { config_verbosity(&cli) };
+    let default = match verbose {
         0 => "info",
         1 => "debug",
         _ => "trace",

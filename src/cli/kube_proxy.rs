@@ -412,12 +412,8 @@ pub fn translate(argv: &[OsString]) -> Result<Translated, FlagError> {
         }
     }
     let mut out: Vec<OsString> = vec![argv.first().cloned().unwrap_or_else(|| "nftproxy".into())];
-    let verbose = match extras.verbosity.unwrap_or(0) {
-        0..=3 => 0,
-        4 | 5 => 1,
-        _ => 2,
-    };
-    out.extend(std::iter::repeat_n(OsString::from("-v"), verbose));
+    let verbose = super::verbosity_count(extras.verbosity.unwrap_or(0));
+    out.extend(std::iter::repeat_n(OsString::from("-v"), usize::from(verbose)));
     out.push(match &action {
         Action::InitOnly => "conntrack-sysctls".into(),
         _ => "run".into(),

@@ -814,6 +814,25 @@ fn parse_logging_format(s: &str) -> Result<LoggingFormat, String> {
     LoggingFormat::parse("--logging-format", s).map_err(|e| e.to_string())
 }
 
+/// klog's verbosity as `-v` counts: 0 up to 3, 1 (debug) for 4 and 5, 2 (trace) from 6.
+pub fn verbosity_count(v: u32) -> u8 {
+    match v {
+        0..=3 => 0,
+        4 | 5 => 1,
+        _ => 2,
+    }
+}
+
+/// The verbosity `run --config`'s `logging.verbosity` asks for, as `-v` counts (0 without one).
+pub fn config_verbosity(cli: &Cli) -> u8 {
+    let Command::Run(args) = &cli.command else { return 0 };
+    args.config
+        .as_ref()
+        .and_then(|path| std::fs::read_to_string(path).ok())
+        .and_then(|text| KubeProxyConfiguration::parse(&text).ok())
+        .map_or(0, |(file, _)| verbosity_count(file.logging.verbosity))
+}
+
 /// The log format: `--logging-format` when given, else `logging.format` of `run --config`,
 /// else text. A config file that cannot be read gives text here; `run` reports it.
 pub fn logging_format(cli: &Cli) -> LoggingFormat {
@@ -1029,7 +1048,7 @@ fn check(args: &CheckArgs) -> Result<u8, CliError> {
         let mut missing = crate::check::permissions::findings(&denied, &who);
         missing.append(&mut report.findings);
         report.findings = missing;
-        report.findings.sort_by(|a, b| b.severity.cmp(&a.severity));
+        report.findings.sort_by_key(|f| std::cmp::Reverse(f.severity));
     }
     match args.output {
         CheckOutput::Text => print!("{}", report.to_text()),

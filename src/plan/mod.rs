@@ -1,7 +1,7 @@
 //! Cluster state → desired ruleset. A pure function: no I/O, no clock, no randomness.
 //!
 //! The semantics are upstream kube-proxy's nftables mode; the shape is chosen for the kernel's
-//! cost (see the README's Performance section):
+//! cost (see docs/design.md, "Why the ruleset has this shape"):
 //! - dispatch is a few set lookups by `address . protocol . port` (the `balanced-…` sets; the
 //!   verdict maps `service-ips` and `service-nodeports` for ports with chains of their own);
 //! - a service port without session affinity has no chain: its addresses are keys of the

@@ -1,4 +1,4 @@
-//! `nftproxy bench`: the scale benchmark (see the README's Performance section).
+//! `nftproxy bench`: the scale benchmark (docs/performance.md).
 //!
 //! For each cluster size it creates fresh network namespaces and runs worker processes
 //! ([`worker`]) inside them: a cold sync, then a restart (a new process meeting the ruleset
