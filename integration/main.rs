@@ -9,6 +9,7 @@ mod common;
 mod check;
 mod clusterip;
 mod conntrack;
+mod control_plane;
 mod counters;
 mod deploy;
 mod explain;

@@ -372,7 +372,7 @@ pub fn services_yaml(services: &[Svc<'_>]) -> String {
 
 /// `nftproxy run` inside node1, killed on drop.
 pub struct RunningProxy {
-    child: std::process::Child,
+    pub child: std::process::Child,
 }
 
 impl Drop for RunningProxy {

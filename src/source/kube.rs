@@ -24,7 +24,7 @@ use kube::runtime::watcher::{self, Event as WatchEvent};
 use kube::{Api, Client, Resource};
 use serde::{Deserialize, Deserializer};
 use thiserror::Error;
-use tracing::{debug, info, warn};
+use tracing::{debug, error, info, warn};
 
 use super::SourceEvent;
 use crate::index::{Change, Kind, Update};
@@ -91,6 +91,16 @@ struct Converter<K, T> {
     optional: bool,
 }
 
+/// The API resource of a kind, as RBAC rules name it.
+fn resource_name(kind: Kind) -> &'static str {
+    match kind {
+        Kind::Services => "services",
+        Kind::EndpointSlices => "endpointslices.discovery.k8s.io",
+        Kind::Nodes => "nodes",
+        Kind::ServiceCidrs => "servicecidrs.networking.k8s.io",
+    }
+}
+
 /// The HTTP status of a failed list, when the API server answered one.
 fn list_status(e: &watcher::Error) -> Option<u16> {
     match e {
@@ -116,6 +126,7 @@ async fn watch_kind<K, T>(
     let mut listing: Vec<T> = Vec::new();
     let mut problems: Vec<Problem> = Vec::new();
     let mut listed = false;
+    let mut forbidden_said = false;
     let mut stream = watcher::watcher(api, config).default_backoff().boxed();
     loop {
         let event = match stream.try_next().await {
@@ -143,6 +154,21 @@ async fn watch_kind<K, T>(
                     }
                     continue;
                 }
+                Some(403) => {
+                    // A missing RBAC rule will not fix itself: said as an error, once, naming it.
+                    if !forbidden_said {
+                        forbidden_said = true;
+                        error!(
+                            ?kind,
+                            error = %e,
+                            "forbidden: nftproxy's identity may not list and watch {}; grant `list` and `watch` on it in the ClusterRole bound to it (deploy/rbac.yaml; kube-proxy's system:node-proxier has them); retrying with backoff",
+                            resource_name(kind)
+                        );
+                    } else {
+                        debug!(?kind, "still forbidden");
+                    }
+                    continue;
+                }
                 _ => {
                     warn!(?kind, error = %e, "watch failed; retrying with backoff (rules stay as they are)");
                     continue;
@@ -164,7 +190,13 @@ async fn watch_kind<K, T>(
                 }
             }
             WatchEvent::InitDone => {
-                debug!(?kind, "list complete");
+                if listed {
+                    // The watch could not resume (410 Gone after a compaction, a restarted API
+                    // server): the list replaces everything.
+                    info!(?kind, objects = listing.len(), "listed again");
+                } else {
+                    debug!(?kind, "list complete");
+                }
                 listed = true;
                 out.push(SourceEvent::Problems(std::mem::take(&mut problems)));
                 out.push(SourceEvent::Update((c.wrap)(Change::Reset(std::mem::take(&mut listing)))));

@@ -7,6 +7,7 @@
 pub mod apiserver;
 pub mod bench;
 pub mod cluster;
+pub mod controlplane;
 pub mod demo;
 pub mod lab;
 pub mod netfilter;

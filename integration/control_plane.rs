@@ -1,0 +1,285 @@
+//! nftproxy against the real Kubernetes control plane: upstream's etcd, kube-apiserver and
+//! kube-controller-manager v1.37 in a namespace of the lab (tools/src/controlplane.rs). Nodes
+//! and Pods are created through the API and their status written as a kubelet would, so every
+//! EndpointSlice nftproxy programs is the real EndpointSlice controller's. nftproxy runs in
+//! node1 with exactly the DaemonSet's rights: a ServiceAccount token bound to deploy/rbac.yaml's
+//! ClusterRole (and, in the image-swap case, kube-proxy's own `system:node-proxier`).
+//!
+//! One control plane serves the whole scenario (starting one takes 10-20 s on 2 cores); each
+//! phase says what it proves.
+
+use std::net::Ipv4Addr;
+use std::time::{Duration, Instant};
+
+use crate::common::*;
+use nftproxy::net::L4Proto;
+use nftproxy_tools::controlplane::ControlPlane;
+
+/// A lab with node1 (web-1, web-2), node2 (web-3), a client, and the control plane on the wan.
+struct RealCluster {
+    lab: ClusterLab,
+    cp: ControlPlane,
+}
+
+const WEB_PODS: [(&str, &str); 3] = [("web-1", "node1"), ("web-2", "node1"), ("web-3", "node2")];
+
+impl RealCluster {
+    fn start() -> RealCluster {
+        let mut lab = ClusterLab::new();
+        let client = lab.lab.add_client("control-plane").expect("control plane namespace");
+        let (ns, ip) = (client.ns.name().to_string(), client.ip);
+        let cp = ControlPlane::start(&ns, ip, nftproxy_tools::lab::topology::SERVICE_CIDR_V4).expect("control plane");
+        for (name, zone) in [("node1", "zone-a"), ("node2", "zone-b")] {
+            cp.add_node(name, lab.lab.node(name).ip, zone).expect("node");
+        }
+        for (pod, node) in WEB_PODS {
+            cp.add_pod(pod, node, pod_ip(&lab, pod), "app: web", true).expect("pod");
+        }
+        RealCluster { lab, cp }
+    }
+
+    /// A kubeconfig file for the ServiceAccount `namespace/name`.
+    fn kubeconfig_for(&self, namespace: &str, name: &str) -> std::path::PathBuf {
+        let token = self.cp.token(namespace, name).expect("token");
+        self.lab.write(&format!("{name}.kubeconfig"), &self.cp.kubeconfig(&token))
+    }
+
+    fn service(&self, yaml: &str) {
+        self.cp.apply(yaml).unwrap_or_else(|e| panic!("{e}\n{}", self.cp.logs()));
+    }
+}
+
+fn pod_ip(lab: &ClusterLab, pod: &str) -> Ipv4Addr {
+    match lab.lab.pod_ip(pod, false) {
+        Some(std::net::IpAddr::V4(ip)) => ip,
+        other => panic!("{pod}: {other:?}"),
+    }
+}
+
+const WEB: &str = "apiVersion: v1\nkind: Service\nmetadata: {name: web, namespace: default}\nspec:\n  clusterIP: 10.96.0.10\n  selector: {app: web}\n  ports:\n  - {name: http, port: 80, targetPort: 8080, protocol: TCP}\n  - {name: dns, port: 53, targetPort: 8080, protocol: UDP}\n";
+
+/// External traffic: a LoadBalancer with `externalTrafficPolicy: Local`, an ExternalIP, a
+/// NodePort and its health-check node port, as the API server allocates and validates them.
+const LB: &str = "apiVersion: v1\nkind: Service\nmetadata: {name: lb, namespace: default}\nspec:\n  type: LoadBalancer\n  clusterIP: 10.96.0.20\n  externalTrafficPolicy: Local\n  healthCheckNodePort: 32100\n  externalIPs: [203.0.113.7]\n  selector: {app: web}\n  ports:\n  - {name: http, port: 80, targetPort: 8080, nodePort: 30080, protocol: TCP}\n";
+
+/// An EndpointSlice the API server accepts and nftproxy cannot use: it names no Service.
+const ORPHAN: &str = "apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata: {name: orphan, namespace: default}\naddressType: IPv4\nports: [{name: http, port: 8080, protocol: TCP}]\nendpoints: [{addresses: [10.244.1.10]}]\n";
+
+/// deploy/rbac.yaml's ClusterRole without its EndpointSlice rule.
+const NARROW: &str = "apiVersion: v1\nkind: ServiceAccount\nmetadata: {name: narrow, namespace: kube-system}\n---\napiVersion: rbac.authorization.k8s.io/v1\nkind: ClusterRole\nmetadata: {name: narrow}\nrules:\n- apiGroups: [\"\"]\n  resources: [services, nodes]\n  verbs: [get, list, watch]\n- apiGroups: [networking.k8s.io]\n  resources: [servicecidrs]\n  verbs: [get, list, watch]\n- apiGroups: [\"\", events.k8s.io]\n  resources: [events]\n  verbs: [create, patch]\n---\napiVersion: rbac.authorization.k8s.io/v1\nkind: ClusterRoleBinding\nmetadata: {name: narrow}\nroleRef: {apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, name: narrow}\nsubjects: [{kind: ServiceAccount, name: narrow, namespace: kube-system}]\n";
+
+/// kube-proxy's identity as kubeadm makes it: its ServiceAccount bound to system:node-proxier.
+const KUBE_PROXY_SA: &str = "apiVersion: v1\nkind: ServiceAccount\nmetadata: {name: kube-proxy, namespace: kube-system}\n---\napiVersion: rbac.authorization.k8s.io/v1\nkind: ClusterRoleBinding\nmetadata: {name: kubeadm:node-proxier}\nroleRef: {apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, name: system:node-proxier}\nsubjects: [{kind: ServiceAccount, name: kube-proxy, namespace: kube-system}]\n";
+
+/// `nftproxy check --kubeconfig K --output json` in node1: the permission findings' summaries.
+fn missing_permissions(lab: &ClusterLab, kubeconfig: &std::path::Path) -> Vec<String> {
+    let out = lab.nftproxy(&["check", "--kubeconfig", kubeconfig.to_str().unwrap(), "--output", "json"]);
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("check: {e}\n{}", String::from_utf8_lossy(&out.stderr)));
+    report["findings"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|f| f["kind"] == "missing-permission")
+        .map(|f| f["summary"].as_str().unwrap_or("").to_string())
+        .collect()
+}
+
+/// The Events (events.k8s.io) in all namespaces, as the API returns them.
+fn events(cp: &ControlPlane) -> Vec<serde_json::Value> {
+    let text = cp.kubectl_ok(&["get", "events.events.k8s.io", "-A", "-o", "json"]).unwrap_or_default();
+    serde_json::from_str::<serde_json::Value>(&text)
+        .ok()
+        .and_then(|v| v["items"].as_array().cloned())
+        .unwrap_or_default()
+}
+
+#[test]
+fn nftproxy_through_the_real_api_server() {
+    if skip_unless_privileged() {
+        return;
+    }
+    let cluster = RealCluster::start();
+    let (lab, cp) = (&cluster.lab, &cluster.cp);
+
+    // nftproxy's own DaemonSet rights: deploy/rbac.yaml, as `kubectl apply -k deploy/` makes them.
+    let rbac = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/deploy/rbac.yaml")).unwrap();
+    cp.apply(&rbac).expect("rbac");
+    let kubeconfig = cluster.kubeconfig_for("kube-system", "nftproxy");
+    cluster.service(WEB);
+    cluster.service(LB);
+    cp.patch_status(
+        "service",
+        Some("default"),
+        "lb",
+        &serde_json::json!({"loadBalancer": {"ingress": [{"ip": "203.0.113.10"}]}}),
+    )
+    .expect("load balancer status");
+    let proxy = lab.run_proxy_from(&["--kubeconfig", kubeconfig.to_str().unwrap()], &[]);
+    let within = Duration::from_secs(10);
+    let all = set(&["web-1", "web-2", "web-3"]);
+    let tcp = |target: &str| backends(&lab.tally("client", L4Proto::Tcp, target, 30));
+
+    // 1. The controller's slices: every ready pod answers, TCP and UDP.
+    assert!(
+        lab.eventually(within, || tcp("10.96.0.10:80") == all),
+        "{}\n{}",
+        lab.proxy_log(),
+        cp.kubectl_ok(&["get", "endpointslices", "-o", "yaml"]).unwrap_or_default()
+    );
+    let udp = lab.tally("client", L4Proto::Udp, "10.96.0.10:53", 30);
+    assert_eq!(backends(&udp), all, "{udp:?}");
+    // The default `kubernetes` Service, allocated by the real API server, and its ServiceCIDR.
+    let listing = lab.listing();
+    assert!(listing.contains("10.96.0.1 "), "the kubernetes Service is programmed");
+
+    // 2. External traffic with policy Local: node1's own pods only, on the NodePort, the
+    //    LoadBalancer IP and the ExternalIP; the health-check node port counts them.
+    let node1 = lab.lab.node("node1").ip;
+    let local = set(&["web-1", "web-2"]);
+    for target in [format!("{node1}:30080"), "203.0.113.10:80".into(), "203.0.113.7:80".into()] {
+        assert!(lab.eventually(within, || tcp(&target) == local), "{target}: {:?}\n{}", tcp(&target), lab.proxy_log());
+    }
+    let (code, body) = lab.http_get("client", &format!("{node1}:32100"), "/").expect("health check node port");
+    assert_eq!(code, 200, "{body}");
+    assert!(body.contains("\"localEndpoints\": 2") || body.contains("\"localEndpoints\":2"), "{body}");
+
+    // 3. Live changes, as kubelets report them.
+    let ip = |pod: &str| pod_ip(lab, pod);
+    // A pod turns unready: it leaves.
+    cp.set_pod_ready("web-2", ip("web-2"), false).unwrap();
+    assert!(lab.eventually(within, || tcp("10.96.0.10:80") == set(&["web-1", "web-3"])), "unready web-2 left");
+    cp.set_pod_ready("web-2", ip("web-2"), true).unwrap();
+    assert!(lab.eventually(within, || tcp("10.96.0.10:80") == all), "web-2 is back");
+    // Rolling replacement: web-3 is deleted (terminating, still ready: the controller marks it
+    // serving and terminating); while other pods are ready it gets no new connections.
+    cp.kubectl_ok(&["delete", "pod", "web-3", "--wait=false"]).unwrap();
+    assert!(lab.eventually(within, || tcp("10.96.0.10:80") == local), "terminating web-3 left");
+    // With no ready pod left, serving terminating ones take the traffic, as upstream.
+    cp.set_pod_ready("web-1", ip("web-1"), false).unwrap();
+    cp.set_pod_ready("web-2", ip("web-2"), false).unwrap();
+    assert!(
+        lab.eventually(within, || tcp("10.96.0.10:80") == set(&["web-3"])),
+        "only the serving terminating pod: {:?}\n{}",
+        tcp("10.96.0.10:80"),
+        cp.kubectl_ok(&["get", "endpointslices", "-o", "yaml"]).unwrap_or_default()
+    );
+    // The replacement arrives (scale back up): all three.
+    cp.kubectl_ok(&["delete", "pod", "web-3", "--grace-period=0", "--force"]).unwrap();
+    cp.add_pod("web-3", "node2", ip("web-3"), "app: web", true).unwrap();
+    cp.set_pod_ready("web-1", ip("web-1"), true).unwrap();
+    cp.set_pod_ready("web-2", ip("web-2"), true).unwrap();
+    assert!(lab.eventually(within, || tcp("10.96.0.10:80") == all), "scaled back up");
+
+    // 4. Events, read back through the API: Starting on the Node, and one for an object the
+    //    API server accepts and nftproxy cannot program.
+    cp.apply(ORPHAN).unwrap();
+    assert!(
+        lab.eventually(within, || {
+            let events = events(cp);
+            events.iter().any(|e| e["reason"] == "Starting" && e["regarding"]["name"] == "node1")
+                && events.iter().any(|e| e["reason"] == "NotProgrammed" && e["regarding"]["name"] == "orphan")
+        }),
+        "{:#?}",
+        events(cp)
+    );
+
+    // 5. Permissions. The DaemonSet's role lacks nothing; kube-proxy's system:node-proxier
+    //    lacks nothing either (the image swap keeps kube-proxy's identity).
+    assert_eq!(missing_permissions(lab, &kubeconfig), Vec::<String>::new());
+    cp.apply(KUBE_PROXY_SA).unwrap();
+    let kube_proxy = cluster.kubeconfig_for("kube-system", "kube-proxy");
+    assert_eq!(missing_permissions(lab, &kube_proxy), Vec::<String>::new());
+    // One rule taken away: check names it, and a proxy with that identity says which.
+    cp.apply(NARROW).unwrap();
+    let narrow = cluster.kubeconfig_for("kube-system", "narrow");
+    let missing = missing_permissions(lab, &narrow);
+    assert!(missing.iter().any(|m| m.ends_with("may not list endpointslices.discovery.k8s.io")), "{missing:?}");
+    let narrow_log = lab.dir.path().join("narrow.log");
+    let narrow_run = lab
+        .lab
+        .node("node2")
+        .ns
+        .command(env!("CARGO_BIN_EXE_nftproxy"))
+        .args(["run", "--kubeconfig", narrow.to_str().unwrap(), "--hostname-override", "node2"])
+        .args(["--healthz-bind-address=", "--metrics-bind-address=", "--conntrack-max-per-core=0"])
+        .stderr(std::fs::File::create(&narrow_log).unwrap())
+        .spawn()
+        .unwrap();
+    let narrow_pid = narrow_run.id();
+    let mut narrow_run = scopeguard(narrow_run);
+    let forbidden = "forbidden: nftproxy's identity may not list and watch endpointslices.discovery.k8s.io";
+    assert!(
+        lab.eventually(within, || std::fs::read_to_string(&narrow_log).unwrap_or_default().contains(forbidden)),
+        "{}",
+        std::fs::read_to_string(&narrow_log).unwrap_or_default()
+    );
+    assert!(narrow_pid > 0);
+    narrow_run.stop();
+
+    // 6. The API server dies: rules stay, traffic flows. It comes back with its history
+    //    compacted, so the watches cannot resume (410 Gone) and list again; a Service created
+    //    meanwhile is programmed.
+    cp.kill_apiserver();
+    assert_eq!(
+        backends(&lab.tally("client", L4Proto::Tcp, "10.96.0.10:80", 30)),
+        all,
+        "rules stay while the API server is down"
+    );
+    cp.compact_etcd().expect("compaction");
+    let restarted = Instant::now();
+    cp.start_apiserver().unwrap_or_else(|e| panic!("{e}"));
+    eprintln!("the API server was ready again {:.1} s after it was started", restarted.elapsed().as_secs_f64());
+    cp.apply(&WEB.replace("name: web,", "name: web2,").replace("10.96.0.10", "10.96.0.11")).unwrap();
+    assert!(
+        lab.eventually(Duration::from_secs(30), || tcp("10.96.0.11:80") == all),
+        "caught up after the restart:\n{}",
+        lab.proxy_log()
+    );
+    assert!(lab.proxy_log().contains("listed again"), "the watches relisted:\n{}", lab.proxy_log());
+
+    // 7. The Node is deleted: /healthz stops being eligible and the process exits 1 so the
+    //    DaemonSet restarts it.
+    cp.kubectl_ok(&["delete", "node", "node1", "--wait=false"]).unwrap();
+    let mut proxy = proxy;
+    let status = wait_exit(&mut proxy.child, Duration::from_secs(10));
+    assert_eq!(status.and_then(|s| s.code()), Some(1), "{}", lab.proxy_log());
+    assert!(lab.proxy_log().contains("Node is being deleted"), "{}", lab.proxy_log());
+    if std::env::var_os("NFTPROXY_SHOW_LOGS").is_some() {
+        eprintln!("{}", lab.proxy_log());
+    }
+}
+
+/// A child process killed on drop.
+struct Guarded(Option<std::process::Child>);
+
+impl Guarded {
+    fn stop(&mut self) {
+        if let Some(mut c) = self.0.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+impl Drop for Guarded {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+fn scopeguard(child: std::process::Child) -> Guarded {
+    Guarded(Some(child))
+}
+
+/// Waits for `child` to exit, at most `within`.
+fn wait_exit(child: &mut std::process::Child, within: Duration) -> Option<std::process::ExitStatus> {
+    let deadline = Instant::now() + within;
+    while Instant::now() < deadline {
+        if let Ok(Some(status)) = child.try_wait() {
+            return Some(status);
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    None
+}
