@@ -15,6 +15,10 @@ use crate::common::*;
 use nftproxy::net::L4Proto;
 use nftproxy_tools::controlplane::ControlPlane;
 
+/// One control plane at a time in this process: each is an etcd, an API server and a controller
+/// manager, a lot for two cores beside the other tests.
+pub(crate) static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
 /// A lab with node1 (web-1, web-2), node2 (web-3), a client, and the control plane on the wan.
 struct RealCluster {
     lab: ClusterLab,
@@ -69,7 +73,7 @@ const ORPHAN: &str = "apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmeta
 const NARROW: &str = "apiVersion: v1\nkind: ServiceAccount\nmetadata: {name: narrow, namespace: kube-system}\n---\napiVersion: rbac.authorization.k8s.io/v1\nkind: ClusterRole\nmetadata: {name: narrow}\nrules:\n- apiGroups: [\"\"]\n  resources: [services, nodes]\n  verbs: [get, list, watch]\n- apiGroups: [networking.k8s.io]\n  resources: [servicecidrs]\n  verbs: [get, list, watch]\n- apiGroups: [\"\", events.k8s.io]\n  resources: [events]\n  verbs: [create, patch]\n---\napiVersion: rbac.authorization.k8s.io/v1\nkind: ClusterRoleBinding\nmetadata: {name: narrow}\nroleRef: {apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, name: narrow}\nsubjects: [{kind: ServiceAccount, name: narrow, namespace: kube-system}]\n";
 
 /// kube-proxy's identity as kubeadm makes it: its ServiceAccount bound to system:node-proxier.
-const KUBE_PROXY_SA: &str = "apiVersion: v1\nkind: ServiceAccount\nmetadata: {name: kube-proxy, namespace: kube-system}\n---\napiVersion: rbac.authorization.k8s.io/v1\nkind: ClusterRoleBinding\nmetadata: {name: kubeadm:node-proxier}\nroleRef: {apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, name: system:node-proxier}\nsubjects: [{kind: ServiceAccount, name: kube-proxy, namespace: kube-system}]\n";
+pub(crate) const KUBE_PROXY_SA: &str = "apiVersion: v1\nkind: ServiceAccount\nmetadata: {name: kube-proxy, namespace: kube-system}\n---\napiVersion: rbac.authorization.k8s.io/v1\nkind: ClusterRoleBinding\nmetadata: {name: kubeadm:node-proxier}\nroleRef: {apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, name: system:node-proxier}\nsubjects: [{kind: ServiceAccount, name: kube-proxy, namespace: kube-system}]\n";
 
 /// `nftproxy check --kubeconfig K --output json` in node1: the permission findings' summaries.
 fn missing_permissions(lab: &ClusterLab, kubeconfig: &std::path::Path) -> Vec<String> {
@@ -99,6 +103,7 @@ fn nftproxy_through_the_real_api_server() {
     if skip_unless_privileged() {
         return;
     }
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     let cluster = RealCluster::start();
     let (lab, cp) = (&cluster.lab, &cluster.cp);
 
