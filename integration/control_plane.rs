@@ -255,6 +255,135 @@ fn nftproxy_through_the_real_api_server() {
     }
 }
 
+/// `n` selector Services named `bulk-<i>`, as one List for `kubectl apply`.
+fn bulk_services(range: std::ops::Range<usize>) -> String {
+    let items: Vec<String> = range
+        .map(|i| {
+            format!(
+                "- apiVersion: v1\n  kind: Service\n  metadata: {{name: bulk-{i}, namespace: default}}\n  spec:\n    selector: {{app: web}}\n    ports: [{{name: http, port: 80, targetPort: 8080, protocol: TCP}}]\n"
+            )
+        })
+        .collect();
+    format!("apiVersion: v1\nkind: List\nitems:\n{}", items.concat())
+}
+
+/// The `bulk-<i>` Services the kernel holds (by the service name in nftproxy's comments).
+fn bulk_in_kernel(lab: &ClusterLab) -> std::collections::BTreeSet<usize> {
+    let listing = lab.listing();
+    let mut found = std::collections::BTreeSet::new();
+    for part in listing.split("default/bulk-").skip(1) {
+        let digits: String = part.chars().take_while(char::is_ascii_digit).collect();
+        if let Ok(i) = digits.parse() {
+            found.insert(i);
+        }
+    }
+    found
+}
+
+/// How a connection from `who` to `target` ends: `Ok` answered, `Err(true)` given up on (the
+/// packets vanished), `Err(false)` refused or unreachable at once.
+fn probe(lab: &ClusterLab, who: &str, target: &str) -> Result<(), bool> {
+    let started = Instant::now();
+    match lab.ask(who, L4Proto::Tcp, target) {
+        Ok(_) => Ok(()),
+        Err(_) => Err(started.elapsed() >= Duration::from_millis(1500)),
+    }
+}
+
+#[test]
+fn a_node_cut_off_service_cidrs_and_a_thousand_services() {
+    if skip_unless_privileged() {
+        return;
+    }
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let cluster = RealCluster::start();
+    let (lab, cp) = (&cluster.lab, &cluster.cp);
+    let rbac = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/deploy/rbac.yaml")).unwrap();
+    cp.apply(&rbac).expect("rbac");
+    let kubeconfig = cluster.kubeconfig_for("kube-system", "nftproxy");
+    cluster.service(WEB);
+    let proxy = lab.run_proxy_from(&["--kubeconfig", kubeconfig.to_str().unwrap()], &[]);
+    let within = Duration::from_secs(10);
+    let all = set(&["web-1", "web-2", "web-3"]);
+    let tcp = |target: &str| backends(&lab.tally("client", L4Proto::Tcp, target, 30));
+    assert!(lab.eventually(within, || tcp("10.96.0.10:80") == all), "{}", lab.proxy_log());
+
+    // 1. node1 cut off from the API server for 30 s: its rules stay and serve; a change made
+    //    meanwhile arrives once the path is back.
+    // Both ways: a route for one direction alone still lets the server push watch events in.
+    let node1 = &lab.lab.node("node1").ns;
+    let cp_ns = &lab.lab.client("control-plane").expect("control plane").ns;
+    let route = format!("{}/32", cp.ip);
+    let back_route = format!("{}/32", lab.lab.node("node1").ip);
+    node1.ip(&["route", "add", "blackhole", &route]).expect("cut node1 off");
+    cp_ns.ip(&["route", "add", "blackhole", &back_route]).expect("cut node1 off");
+    let cut = Instant::now();
+    cp.set_pod_ready("web-2", pod_ip(lab, "web-2"), false).unwrap();
+    while cut.elapsed() < Duration::from_secs(30) {
+        assert_eq!(tcp("10.96.0.10:80"), all, "cut off: the last rules serve ({:?} in)", cut.elapsed());
+        std::thread::sleep(Duration::from_secs(5));
+    }
+    node1.ip(&["route", "del", "blackhole", &route]).expect("reconnect node1");
+    cp_ns.ip(&["route", "del", "blackhole", &back_route]).expect("reconnect node1");
+    let back = Instant::now();
+    assert!(
+        lab.eventually(Duration::from_secs(60), || tcp("10.96.0.10:80") == set(&["web-1", "web-3"])),
+        "the change made while cut off arrives:\n{}",
+        lab.proxy_log()
+    );
+    eprintln!("caught up {:.1} s after the API server was reachable again", back.elapsed().as_secs_f64());
+    cp.set_pod_ready("web-2", pod_ip(lab, "web-2"), true).unwrap();
+
+    // 2. A second ServiceCIDR, added and removed through the API: traffic to its unallocated
+    //    addresses is dropped while it exists (from a pod, forwarded through node1), and goes
+    //    its way (unreachable, at once) when it is gone.
+    assert_eq!(probe(lab, "web-1", "10.97.0.5:80"), Err(false), "no ServiceCIDR: the lab has no route");
+    cp.apply(
+        "apiVersion: networking.k8s.io/v1\nkind: ServiceCIDR\nmetadata: {name: extra}\nspec: {cidrs: [10.97.0.0/24]}\n",
+    )
+    .unwrap();
+    assert!(lab.eventually(within, || lab.listing().contains("10.97.0.0/24")), "{}", lab.proxy_log());
+    assert_eq!(probe(lab, "web-1", "10.97.0.5:80"), Err(true), "inside a ServiceCIDR, unallocated: dropped");
+    cp.kubectl_ok(&["delete", "servicecidr", "extra"]).unwrap();
+    assert!(lab.eventually(Duration::from_secs(30), || !lab.listing().contains("10.97.0.0/24")), "{}", lab.proxy_log());
+    assert_eq!(probe(lab, "web-1", "10.97.0.5:80"), Err(false), "the ServiceCIDR is gone");
+
+    // 3. 1,000 Services, sliced by the controller, listed by a restarted nftproxy (more than one
+    //    page: kube-rs lists 500 at a time), then a minute of changes watched.
+    let t = Instant::now();
+    cp.apply(&bulk_services(0..1000)).expect("1,000 Services");
+    eprintln!("1,000 Services applied in {:.1} s", t.elapsed().as_secs_f64());
+    drop(proxy);
+    let proxy = lab.run_proxy_from(&["--kubeconfig", kubeconfig.to_str().unwrap()], &[]);
+    let expected: std::collections::BTreeSet<usize> = (0..1000).collect();
+    assert!(
+        lab.eventually(Duration::from_secs(120), || bulk_in_kernel(lab) == expected),
+        "{} of 1,000 Services programmed:\n{}",
+        bulk_in_kernel(lab).len(),
+        lab.proxy_log()
+    );
+    eprintln!("1,000 Services listed and programmed {:.1} s after they were applied", t.elapsed().as_secs_f64());
+    let minute = Instant::now();
+    let mut i = 0;
+    while minute.elapsed() < Duration::from_secs(60) {
+        // Every 2 s: one Service more, one fewer.
+        cp.apply(&bulk_services(1000 + i..1001 + i)).unwrap();
+        cp.kubectl_ok(&["delete", "service", &format!("bulk-{i}"), "--wait=false"]).unwrap();
+        i += 1;
+        std::thread::sleep(Duration::from_secs(2));
+    }
+    let expected: std::collections::BTreeSet<usize> = (i..1000 + i).collect();
+    assert!(
+        lab.eventually(Duration::from_secs(30), || bulk_in_kernel(lab) == expected),
+        "after {i} changes: {} programmed, {} expected\n{}",
+        bulk_in_kernel(lab).len(),
+        expected.len(),
+        lab.proxy_log()
+    );
+    assert_eq!(backends(&lab.tally("client", L4Proto::Tcp, "10.96.0.10:80", 30)), all);
+    drop(proxy);
+}
+
 /// A child process killed on drop.
 struct Guarded(Option<std::process::Child>);
 
