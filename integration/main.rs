@@ -2,7 +2,8 @@
 //! packets in network namespaces (the tools' lab), netlink round trips against the real kernel,
 //! the syncer's differential oracle against the fake kernel, `nftproxy run` against a test API
 //! server, the deploy manifests, and fuzzed input. Tests that need root say `SKIPPED` without
-//! it. `cargo test --test integration <module>::` runs one file's tests.
+//! it, or fail with `NFTPROXY_PRIVILEGED_TESTS=1`. `cargo test --test integration <module>::`
+//! runs one file's tests.
 
 mod common;
 

@@ -278,7 +278,9 @@ impl<'a> Evaluator<'a> {
                             for (w, f, end) in merge(called) {
                                 match end {
                                     ChainEnd::Return => self.run_chain(w, f, name, index + 1, depth, out),
-                                    other => out.push((w, f, other)),
+                                    end @ (ChainEnd::Accept | ChainEnd::Drop { .. } | ChainEnd::Unknown(_)) => {
+                                        out.push((w, f, end))
+                                    }
                                 }
                             }
                         }
@@ -405,7 +407,7 @@ impl<'a> Evaluator<'a> {
                 Ok(Some(end)) => {
                     let end = match end {
                         RuleEnd::Unknown(what) => unknown(what),
-                        e => e,
+                        e @ (RuleEnd::NoMatch | RuleEnd::Continue | RuleEnd::Verdict(..)) => e,
                     };
                     if end != RuleEnd::NoMatch {
                         flow.path.push(step);
@@ -663,7 +665,13 @@ impl<'a> Evaluator<'a> {
                 return Ok(Some(RuleEnd::Verdict(VERDICT_DROP, Some(REJECTED.into()))));
             }
             LowExpr::Foreign(what) => return unknown(format!("a foreign expression ({what})")),
-            _ => return cannot(),
+            // Forms nftproxy never writes: another mark key, another `fib` result, another
+            // `dynset` operation, SNAT.
+            LowExpr::MetaSet { .. } | LowExpr::Fib { .. } | LowExpr::Dynset { .. } | LowExpr::Nat { .. } => {
+                return cannot();
+            }
+            // `exprs` runs these (they fork the evaluation) and never hands them here.
+            LowExpr::Numgen { .. } | LowExpr::Hash { .. } => return cannot(),
         }
         Ok(None)
     }
@@ -723,7 +731,9 @@ impl<'a> Evaluator<'a> {
                             return Ok(Some(RuleEnd::Unknown(format!("map @{name} data into register {dreg}"))));
                         }
                     }
-                    _ => return Ok(Some(RuleEnd::Unknown(format!("map @{name}: its data does not fit the rule")))),
+                    (WireData::None | WireData::Verdict { .. } | WireData::Bytes(_), _) => {
+                        return Ok(Some(RuleEnd::Unknown(format!("map @{name}: its data does not fit the rule"))));
+                    }
                 }
             }
         }

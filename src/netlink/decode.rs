@@ -142,15 +142,20 @@ fn read_rules(sock: &mut Socket, fam: u16, wire: &mut WireTable) -> Result<(), N
             return Ok(());
         }
         let Some(chain) = r.get_str(a(sys::NFTNL_RULE_CHAIN)) else { return Ok(()) };
-        let mut exprs = Vec::new();
-        r.for_each_expr(|e| exprs.push(decode_expr(e)));
-        exprs.shrink_to_fit();
-        let rule = WireRule { exprs, userdata: r.get_data(a(sys::NFTNL_RULE_USERDATA)) };
+        let rule = decode_rule(&r);
         if let Some(c) = wire.chains.get_mut(&chain) {
             c.rules.push(rule);
         }
         Ok(())
     })
+}
+
+/// A rule read from the kernel, in the form [`crate::nft::lower`] writes.
+pub(super) fn decode_rule(r: &raw::Rule) -> WireRule {
+    let mut exprs = Vec::new();
+    r.for_each_expr(|e| exprs.push(decode_expr(e)));
+    exprs.shrink_to_fit();
+    WireRule { exprs, userdata: r.get_data(a(sys::NFTNL_RULE_USERDATA)) }
 }
 
 fn read_sets(sock: &mut Socket, fam: u16, wire: &mut WireTable) -> Result<(), NetlinkError> {

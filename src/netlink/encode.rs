@@ -202,17 +202,8 @@ impl BatchWriter {
                 push(msg::DELRULE, 0, Object::Rule(r), None);
             }
             OpKind::AddRule { chain, rule } => {
-                let mut r = raw::Rule::new()?;
-                r.set_str(u16_attr(sys::NFTNL_RULE_TABLE), table)?;
-                r.set_str(u16_attr(sys::NFTNL_RULE_CHAIN), chain)?;
-                r.set_u32(u16_attr(sys::NFTNL_RULE_FAMILY), u32::from(family));
-                for expr in &rule.exprs {
-                    let set_id = |name: &str| set_ids.get(&(family, table.to_string(), name.to_string())).copied();
-                    r.add_expr(encode_expr(expr, set_id)?);
-                }
-                if let Some(ud) = &rule.userdata {
-                    r.set_data(u16_attr(sys::NFTNL_RULE_USERDATA), ud);
-                }
+                let set_id = |name: &str| set_ids.get(&(family, table.to_string(), name.to_string())).copied();
+                let r = rule_obj(table, family, chain, rule, set_id)?;
                 push(msg::NEWRULE, NLM_F_CREATE | NLM_F_APPEND, Object::Rule(r), None);
             }
             OpKind::AddSet { set, spec } => {
@@ -327,6 +318,28 @@ fn chain_obj(table: &str, family: u16, name: &str) -> Result<raw::Chain, Netlink
     c.set_str(u16_attr(sys::NFTNL_CHAIN_NAME), name)?;
     c.set_u32(u16_attr(sys::NFTNL_CHAIN_FAMILY), u32::from(family));
     Ok(c)
+}
+
+/// A rule of `chain` as libnftnl holds it: its expressions and userdata (`set_id`: the id of a
+/// set added in the same batch).
+fn rule_obj(
+    table: &str,
+    family: u16,
+    chain: &str,
+    rule: &WireRule,
+    set_id: impl Fn(&str) -> Option<u32>,
+) -> Result<raw::Rule, NetlinkError> {
+    let mut r = raw::Rule::new()?;
+    r.set_str(u16_attr(sys::NFTNL_RULE_TABLE), table)?;
+    r.set_str(u16_attr(sys::NFTNL_RULE_CHAIN), chain)?;
+    r.set_u32(u16_attr(sys::NFTNL_RULE_FAMILY), u32::from(family));
+    for expr in &rule.exprs {
+        r.add_expr(encode_expr(expr, &set_id)?);
+    }
+    if let Some(ud) = &rule.userdata {
+        r.set_data(u16_attr(sys::NFTNL_RULE_USERDATA), ud);
+    }
+    Ok(r)
 }
 
 fn set_obj(table: &str, family: u16, name: &str) -> Result<raw::Set, NetlinkError> {

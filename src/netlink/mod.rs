@@ -9,6 +9,8 @@ pub mod fake;
 mod generation;
 pub(crate) mod inventory;
 pub(crate) mod ipvs;
+#[cfg(test)]
+mod roundtrip;
 pub(crate) mod trace;
 // The only `unsafe` code of nftproxy: syscalls on the netlink socket, and libnftnl behind one
 // typed API (messages built from objects, received messages parsed into objects).

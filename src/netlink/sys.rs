@@ -618,6 +618,31 @@ pub(super) fn request(kind: u16, family: u16, flags: u16, seq: u32, body: Body<'
     buf.iter().flat_map(|w| w.to_ne_bytes()).take(len).collect()
 }
 
+/// Calls `each` with every message in `bytes` (whole netlink messages back to back, as a batch
+/// page holds them): its type and the message, copied first to a u32-aligned buffer so libnftnl
+/// may parse it. How tests read an encoded batch back the way a dump's answer is read; panics on
+/// bytes that are not whole messages.
+#[cfg(test)]
+pub(super) fn each_message(bytes: &[u8], mut each: impl FnMut(u16, Received<'_>)) {
+    let mut words = vec![0u32; bytes.len().div_ceil(4)];
+    for (word, chunk) in words.iter_mut().zip(bytes.chunks(4)) {
+        let mut b = [0u8; 4];
+        b[..chunk.len()].copy_from_slice(chunk);
+        *word = u32::from_ne_bytes(b);
+    }
+    // SAFETY: `words` holds at least `bytes.len()` initialized bytes and outlives the slice.
+    let aligned = unsafe { std::slice::from_raw_parts(words.as_ptr().cast::<u8>(), bytes.len()) };
+    let mut off = 0usize;
+    while off + NLMSG_HDRLEN <= aligned.len() {
+        let len = u32::from_ne_bytes([aligned[off], aligned[off + 1], aligned[off + 2], aligned[off + 3]]) as usize;
+        let kind = u16::from_ne_bytes([aligned[off + 4], aligned[off + 5]]);
+        assert!(len >= NLMSG_HDRLEN && off + len <= aligned.len(), "a truncated message at byte {off}");
+        each(kind, Received::new(&aligned[off..off + len]).expect("a whole, aligned message"));
+        off += len.div_ceil(4) * 4;
+    }
+    assert_eq!(off, aligned.len(), "bytes after the last message");
+}
+
 /// One message of a batch: an owned object, written when the batch is finalized.
 pub(super) struct BatchMessage {
     kind: u16,

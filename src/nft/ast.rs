@@ -330,7 +330,7 @@ impl Verdict {
     pub fn target(&self) -> Option<&str> {
         match self {
             Verdict::Jump(c) | Verdict::Goto(c) => Some(c),
-            _ => None,
+            Verdict::Accept | Verdict::Drop | Verdict::Return => None,
         }
     }
 }
@@ -439,20 +439,58 @@ pub enum SetShape {
 impl SetShape {
     /// Whether this shape's keys are ranges (`flags interval`: each a start and an end element).
     pub fn is_interval(self) -> bool {
-        matches!(self, SetShape::Prefixes(_) | SetShape::EndpointTargets(_) | SetShape::SlotWindows)
+        match self {
+            SetShape::Prefixes(_) | SetShape::EndpointTargets(_) | SetShape::SlotWindows => true,
+            SetShape::Addresses(_)
+            | SetShape::AddressPairs(_)
+            | SetShape::ServiceVerdicts(_)
+            | SetShape::PortVerdicts
+            | SetShape::ServiceKeys(_)
+            | SetShape::PortKeys
+            | SetShape::ServiceEndpoints(_)
+            | SetShape::NodeportEndpoints(_)
+            | SetShape::SlotTargets(_)
+            | SetShape::AffinityClients(_) => false,
+        }
     }
 
     /// Whether this shape is a map (elements carry data).
     pub fn is_map(self) -> bool {
-        matches!(
-            self,
+        match self {
             SetShape::ServiceVerdicts(_)
-                | SetShape::PortVerdicts
-                | SetShape::EndpointTargets(_)
-                | SetShape::SlotTargets(_)
-                | SetShape::ServiceEndpoints(_)
-                | SetShape::NodeportEndpoints(_)
-        )
+            | SetShape::PortVerdicts
+            | SetShape::EndpointTargets(_)
+            | SetShape::SlotTargets(_)
+            | SetShape::ServiceEndpoints(_)
+            | SetShape::NodeportEndpoints(_) => true,
+            SetShape::Addresses(_)
+            | SetShape::Prefixes(_)
+            | SetShape::AddressPairs(_)
+            | SetShape::ServiceKeys(_)
+            | SetShape::PortKeys
+            | SetShape::SlotWindows
+            | SetShape::AffinityClients(_) => false,
+        }
+    }
+
+    /// Whether the kernel fills this shape's elements (`flags dynamic`: affinity), so nftproxy
+    /// never diffs them.
+    pub fn is_dynamic(self) -> bool {
+        match self {
+            SetShape::AffinityClients(_) => true,
+            SetShape::Addresses(_)
+            | SetShape::Prefixes(_)
+            | SetShape::AddressPairs(_)
+            | SetShape::ServiceVerdicts(_)
+            | SetShape::PortVerdicts
+            | SetShape::ServiceKeys(_)
+            | SetShape::PortKeys
+            | SetShape::ServiceEndpoints(_)
+            | SetShape::NodeportEndpoints(_)
+            | SetShape::EndpointTargets(_)
+            | SetShape::SlotWindows
+            | SetShape::SlotTargets(_) => false,
+        }
     }
 }
 

@@ -71,14 +71,20 @@ impl OpKind {
 
     /// Whether the operation adds an object (rather than flushing or deleting one).
     pub fn is_addition(&self) -> bool {
-        matches!(
-            self,
+        match self {
             OpKind::AddTable { .. }
-                | OpKind::AddChain { .. }
-                | OpKind::AddRule { .. }
-                | OpKind::AddSet { .. }
-                | OpKind::AddElements { .. }
-        )
+            | OpKind::AddChain { .. }
+            | OpKind::AddRule { .. }
+            | OpKind::AddSet { .. }
+            | OpKind::AddElements { .. } => true,
+            OpKind::DeleteTable
+            | OpKind::FlushChain { .. }
+            | OpKind::DeleteChain { .. }
+            | OpKind::DeleteSet { .. }
+            | OpKind::DeleteElements { .. }
+            | OpKind::ForgetElements { .. }
+            | OpKind::DeleteRule { .. } => false,
+        }
     }
 }
 
@@ -98,7 +104,16 @@ impl Op {
         match &self.kind {
             OpKind::AddElements { elements, .. } => elements.iter().map(|(_, e)| e.owner.clone()).collect(),
             OpKind::DeleteElements { keys, .. } => keys.iter().map(|(_, o)| o.clone()).collect(),
-            _ => vec![self.owner.clone()],
+            OpKind::AddTable { .. }
+            | OpKind::DeleteTable
+            | OpKind::AddChain { .. }
+            | OpKind::FlushChain { .. }
+            | OpKind::DeleteChain { .. }
+            | OpKind::AddRule { .. }
+            | OpKind::AddSet { .. }
+            | OpKind::DeleteSet { .. }
+            | OpKind::ForgetElements { .. }
+            | OpKind::DeleteRule { .. } => vec![self.owner.clone()],
         }
     }
 }

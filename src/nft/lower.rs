@@ -323,9 +323,15 @@ fn lower_cmp(sel: Selector, op: CmpOp, value: &Value, out: &mut Vec<LowExpr>) {
             };
             out.push(LowExpr::Cmp { sreg: REG_1, op: cmp_op(op), data });
         }
-        other => {
+        // A whole-address prefix compares as the address.
+        Value::Addr(_)
+        | Value::Prefix(_)
+        | Value::Proto(_)
+        | Value::Port(_)
+        | Value::IndexRange(..)
+        | Value::Index(_) => {
             out.push(load);
-            out.push(LowExpr::Cmp { sreg: REG_1, op: cmp_op(op), data: value_bytes(other, len) });
+            out.push(LowExpr::Cmp { sreg: REG_1, op: cmp_op(op), data: value_bytes(value, len) });
         }
     }
 }
@@ -371,7 +377,9 @@ fn value_bytes(value: &Value, len: usize) -> Vec<u8> {
 fn push_field(buf: &mut Bytes, value: &Value) {
     let bytes = match value {
         Value::IndexRange(lo, _) => lo.to_ne_bytes().to_vec(),
-        other => value_bytes(other, 0),
+        Value::Addr(_) | Value::Prefix(_) | Value::Proto(_) | Value::Port(_) | Value::Index(_) | Value::Ifname(_) => {
+            value_bytes(value, 0)
+        }
     };
     buf.extend_from_slice(&bytes);
     buf.resize(buf.len().div_ceil(4) * 4, 0);
@@ -545,7 +553,7 @@ pub fn lower_set(set: &Set) -> WireSet {
         name: set.name.clone(),
         spec: set_spec(set.shape, set.timeout_secs, set.comment.as_deref(), set.counter),
         elements: lower_elements(set.shape, &set.elements),
-        dynamic: matches!(set.shape, SetShape::AffinityClients(_)),
+        dynamic: set.shape.is_dynamic(),
         owner: set.owner.clone(),
     }
 }
@@ -577,7 +585,15 @@ pub fn lower_elements(shape: SetShape, set: &BTreeMap<Vec<Value>, Element>) -> S
                 }
             }
         }
-        _ => {
+        SetShape::Addresses(_)
+        | SetShape::AddressPairs(_)
+        | SetShape::ServiceVerdicts(_)
+        | SetShape::PortVerdicts
+        | SetShape::ServiceKeys(_)
+        | SetShape::PortKeys
+        | SetShape::ServiceEndpoints(_)
+        | SetShape::NodeportEndpoints(_)
+        | SetShape::SlotTargets(_) => {
             for (key, element) in set {
                 let key = WireKey { bytes: concat_bytes(key), interval_end: false };
                 elements.push((key, lower_element(element, &mut comments)));

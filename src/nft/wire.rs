@@ -294,18 +294,49 @@ impl WireChain {
 
     /// Chains this chain's rules jump or go to.
     pub fn targets(&self) -> impl Iterator<Item = &str> {
-        self.rules.iter().flat_map(|r| r.exprs.iter()).filter_map(|e| match e {
-            LowExpr::Verdict { chain: Some(c), .. } => Some(c.as_str()),
-            _ => None,
+        self.rules.iter().flat_map(|r| r.exprs.iter()).filter_map(|e| match named(e) {
+            Some(Named::Chain(c)) => Some(c),
+            Some(Named::Set(_)) | None => None,
         })
     }
 
     /// Sets this chain's rules look up or update.
     pub fn set_refs(&self) -> impl Iterator<Item = &str> {
-        self.rules.iter().flat_map(|r| r.exprs.iter()).filter_map(|e| match e {
-            LowExpr::Lookup { set, .. } | LowExpr::Dynset { set, .. } => Some(set.as_str()),
-            _ => None,
+        self.rules.iter().flat_map(|r| r.exprs.iter()).filter_map(|e| match named(e) {
+            Some(Named::Set(s)) => Some(s),
+            Some(Named::Chain(_)) | None => None,
         })
+    }
+}
+
+/// An object an expression refers to by name.
+enum Named<'a> {
+    Chain(&'a str),
+    Set(&'a str),
+}
+
+/// The chain or set `expr` names, if any. Every variant is listed: one that names an object must
+/// say so here, or the diff would order its operations wrongly (a rule added before the set it
+/// uses, a chain deleted while still a target).
+fn named(expr: &LowExpr) -> Option<Named<'_>> {
+    match expr {
+        LowExpr::Verdict { chain, .. } => chain.as_deref().map(Named::Chain),
+        LowExpr::Lookup { set, .. } | LowExpr::Dynset { set, .. } => Some(Named::Set(set)),
+        LowExpr::Payload { .. }
+        | LowExpr::Meta { .. }
+        | LowExpr::MetaSet { .. }
+        | LowExpr::Cmp { .. }
+        | LowExpr::Bitwise { .. }
+        | LowExpr::Immediate { .. }
+        | LowExpr::Numgen { .. }
+        | LowExpr::Hash { .. }
+        | LowExpr::Byteorder { .. }
+        | LowExpr::Fib { .. }
+        | LowExpr::Ct { .. }
+        | LowExpr::Nat { .. }
+        | LowExpr::Masq { .. }
+        | LowExpr::Reject { .. }
+        | LowExpr::Foreign(_) => None,
     }
 }
 

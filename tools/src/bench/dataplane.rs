@@ -686,8 +686,7 @@ mod tests {
 
     #[test]
     fn every_ruleset_carries_connections() {
-        if let Err(e) = crate::lab::require_privileges() {
-            eprintln!("SKIPPED: needs root ({e})");
+        if crate::lab::skip_unless_privileged() {
             return;
         }
         let trials =

@@ -1307,13 +1307,13 @@ mod tests {
 
     fn can_use_netns() -> bool {
         if !nix::unistd::geteuid().is_root() {
-            eprintln!("SKIPPED: needs root");
+            crate::lab::skip_test("needs root");
             return false;
         }
         match Command::new("unshare").args(["-n", "true"]).status() {
             Ok(s) if s.success() => true,
             _ => {
-                eprintln!("SKIPPED: cannot create a network namespace (unshare -n)");
+                crate::lab::skip_test("cannot create a network namespace (unshare -n)");
                 false
             }
         }

@@ -29,8 +29,37 @@ pub enum LabError {
     Io(#[from] std::io::Error),
 }
 
+/// The environment variable that makes privileged tests fail rather than skip: set to `1` where
+/// they must run (CI, as root), so a run that somehow lacks the privileges fails loudly instead
+/// of passing with every kernel test skipped.
+pub const PRIVILEGED_TESTS_ENV: &str = "NFTPROXY_PRIVILEGED_TESTS";
+
+/// Whether privileged tests must run here (`NFTPROXY_PRIVILEGED_TESTS=1`).
+pub fn privileged_tests_required() -> bool {
+    std::env::var_os(PRIVILEGED_TESTS_ENV).is_some_and(|v| v == "1")
+}
+
+/// Skips a test that lacks the privileges to run: prints `SKIPPED: {reason}`, or, with
+/// `NFTPROXY_PRIVILEGED_TESTS=1`, panics with the reason (the test fails).
+pub fn skip_test(reason: impl std::fmt::Display) {
+    assert!(!privileged_tests_required(), "{PRIVILEGED_TESTS_ENV}=1, but this test cannot run: {reason}");
+    eprintln!("SKIPPED: {reason}");
+}
+
+/// For tests: whether to skip because this process cannot build a lab ([`require_privileges`]),
+/// after saying why; with `NFTPROXY_PRIVILEGED_TESTS=1` it panics instead ([`skip_test`]).
+pub fn skip_unless_privileged() -> bool {
+    match require_privileges() {
+        Ok(()) => false,
+        Err(e) => {
+            skip_test(e);
+            true
+        }
+    }
+}
+
 /// Checks that this process can create network namespaces (root, or CAP_SYS_ADMIN and
-/// CAP_NET_ADMIN). Tests call it first and skip with its message when it fails.
+/// CAP_NET_ADMIN). Tests call it first, through [`skip_unless_privileged`].
 pub fn require_privileges() -> Result<(), LabError> {
     if !nix::unistd::geteuid().is_root() {
         return Err(LabError::NotPrivileged(
