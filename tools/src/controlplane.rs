@@ -17,6 +17,8 @@ use std::io::Write;
 use std::net::Ipv4Addr;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use thiserror::Error;
@@ -37,6 +39,8 @@ pub enum ControlPlaneError {
     Failed { what: String, output: String },
     #[error("{what} did not become ready within {waited:?}; its log:\n{log}")]
     NotReady { what: &'static str, waited: Duration, log: String },
+    #[error("interrupted while waiting for {0}")]
+    Interrupted(&'static str),
     #[error("{0}")]
     Io(#[from] std::io::Error),
 }
@@ -113,12 +117,25 @@ pub struct ControlPlane {
     /// Behind a lock: tests kill and restart it while others hold the control plane.
     apiserver: std::sync::Mutex<Option<Process>>,
     controller_manager: Option<Process>,
+    /// Set (by a signal handler) to stop waiting for a process to become ready.
+    interrupt: Arc<AtomicBool>,
 }
 
 impl ControlPlane {
     /// Starts etcd, kube-apiserver and kube-controller-manager in namespace `ns` (whose wan
     /// address is `ip`), and waits until the API server is ready.
     pub fn start(ns: &str, ip: Ipv4Addr, service_cidr: &str) -> Result<ControlPlane, ControlPlaneError> {
+        ControlPlane::start_interruptible(ns, ip, service_cidr, Arc::new(AtomicBool::new(false)))
+    }
+
+    /// [`start`](ControlPlane::start), giving up ([`ControlPlaneError::Interrupted`]) as soon as
+    /// `interrupt` is set (Ctrl-C), with whatever it had started stopped.
+    pub fn start_interruptible(
+        ns: &str,
+        ip: Ipv4Addr,
+        service_cidr: &str,
+        interrupt: Arc<AtomicBool>,
+    ) -> Result<ControlPlane, ControlPlaneError> {
         let bins = UpstreamBins::locate()?;
         let dir = tempfile::Builder::new().prefix("nftproxy-controlplane-").tempdir()?;
         let mut cp = ControlPlane {
@@ -130,6 +147,7 @@ impl ControlPlane {
             etcd: None,
             apiserver: std::sync::Mutex::new(None),
             controller_manager: None,
+            interrupt,
         };
         cp.write_pki()?;
         cp.start_etcd()?;
@@ -262,6 +280,9 @@ impl ControlPlane {
     ) -> Result<(), ControlPlaneError> {
         let deadline = Instant::now() + within;
         while Instant::now() < deadline {
+            if self.interrupt.load(Ordering::Relaxed) {
+                return Err(ControlPlaneError::Interrupted(what));
+            }
             if ready(self) {
                 return Ok(());
             }
@@ -278,6 +299,11 @@ impl ControlPlane {
     /// The API server's URL.
     pub fn url(&self) -> String {
         format!("https://{}:{API_PORT}", self.ip)
+    }
+
+    /// The admin's kubeconfig file (cluster-admin), e.g. for a person's `kubectl`.
+    pub fn admin_kubeconfig(&self) -> PathBuf {
+        self.file("admin.kubeconfig")
     }
 
     /// The API server's serving certificate (with its self-signed CA): what clients trust.
@@ -460,6 +486,16 @@ impl ControlPlane {
             .map(|p| format!("--- {} ---\n{}", p.what, p.log()))
             .collect::<Vec<_>>()
             .join("\n")
+    }
+}
+
+impl Drop for ControlPlane {
+    /// Stops the processes (the controller manager, the API server, then etcd) before their
+    /// working directory is removed.
+    fn drop(&mut self) {
+        self.controller_manager.take();
+        self.kill_apiserver();
+        self.etcd.take();
     }
 }
 

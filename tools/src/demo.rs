@@ -2,6 +2,11 @@
 //! outside the cluster), `nftproxy run` on node1 with the bundled manifests, and traffic through
 //! a ClusterIP, a NodePort and a Local-policy LoadBalancer IP, showing who answered and which
 //! source address they saw. Everything is removed at the end, also on failure or Ctrl-C.
+//!
+//! With `--apiserver` the cluster comes from the real Kubernetes control plane instead of the
+//! manifests file ([`control_plane`]).
+
+mod control_plane;
 
 use std::fmt::Write as _;
 use std::net::SocketAddr;
@@ -14,6 +19,7 @@ use std::time::{Duration, Instant};
 use clap::Args;
 use thiserror::Error;
 
+use crate::controlplane::ControlPlaneError;
 use crate::lab::traffic::{self, Tally};
 use crate::lab::{self, Lab, LabError, Netns, ServerSpec};
 use nftproxy::net::L4Proto;
@@ -31,6 +37,17 @@ pub struct DemoArgs {
     /// `nftproxy trace` and `nftproxy status` in it; prints the namespaces' names.
     #[arg(long)]
     pub hold: bool,
+    /// Take the cluster from a real Kubernetes control plane (upstream etcd, kube-apiserver and
+    /// kube-controller-manager v1.37, built or cached by scripts/upstream-bins) in a namespace of
+    /// the lab, instead of from the manifests file.
+    ///
+    /// examples/cluster.yaml's Services are applied with kubectl, Nodes and Pods are created
+    /// through the API, the EndpointSlice controller makes the slices, and `nftproxy run
+    /// --kubeconfig` runs on node1 with a ServiceAccount token bound to deploy/rbac.yaml's
+    /// ClusterRole. After the traffic, an EndpointSlice without a Service is applied and
+    /// `kubectl get endpointslices` and `kubectl get events` show nftproxy's NotProgrammed Event.
+    #[arg(long)]
+    pub apiserver: bool,
 }
 
 /// Why the demo stopped.
@@ -42,6 +59,16 @@ pub enum DemoError {
     Interrupted,
     #[error("{0}")]
     Agent(String),
+    #[error(transparent)]
+    ControlPlane(ControlPlaneError),
+}
+
+/// Where `nftproxy run` reads the cluster from.
+enum Source {
+    /// `--manifests`: the bundled examples/cluster.yaml.
+    Manifests,
+    /// `--kubeconfig`: a kubeconfig (its contents) for the API server.
+    Kubeconfig(String),
 }
 
 /// The agent process and its scratch directory, removed on drop.
@@ -67,16 +94,20 @@ fn addr(s: &str) -> SocketAddr {
 }
 
 /// Starts `nftproxy run` inside `ns` and waits for its first sync.
-fn start_agent(ns: &Netns, stop: &AtomicBool) -> Result<Agent, DemoError> {
+fn start_agent(ns: &Netns, stop: &AtomicBool, source: &Source) -> Result<Agent, DemoError> {
     let dir = std::env::temp_dir().join(format!("nftproxy-demo-{}", std::process::id()));
     std::fs::create_dir_all(&dir).map_err(LabError::from)?;
-    std::fs::write(dir.join("cluster.yaml"), DEMO_MANIFESTS).map_err(LabError::from)?;
+    let (flag, file, contents) = match source {
+        Source::Manifests => ("--manifests", dir.join("cluster.yaml"), DEMO_MANIFESTS),
+        Source::Kubeconfig(kubeconfig) => ("--kubeconfig", dir.join("nftproxy.kubeconfig"), kubeconfig.as_str()),
+    };
+    std::fs::write(&file, contents).map_err(LabError::from)?;
     let exe = crate::nftproxy_binary();
     let log = std::fs::File::create(dir.join("agent.log")).map_err(LabError::from)?;
     let child = ns
         .command(&exe.to_string_lossy())
-        .args(["run", "--manifests"])
-        .arg(dir.join("cluster.yaml"))
+        .args(["run", flag])
+        .arg(&file)
         .args(["--hostname-override", "node1", "--cluster-cidr", lab::topology::CLUSTER_CIDR_V4])
         .args(["--healthz-bind-address", "127.0.0.1:10256"])
         // nf_conntrack_max and the hashsize are global, not the lab's to change.
@@ -113,7 +144,12 @@ pub fn run(args: &DemoArgs) -> Result<(), DemoError> {
         let _ = signal_hook::flag::register(signal, Arc::clone(&stop));
     }
     lab::cleanup_stale();
+    // Ctrl-C reaches the whole process group: a kubectl or control plane process killed by it
+    // makes a step fail, which is the interruption, not an error of its own.
+    demo(args, &stop).map_err(|e| if stop.load(Ordering::Relaxed) { DemoError::Interrupted } else { e })
+}
 
+fn demo(args: &DemoArgs, stop: &Arc<AtomicBool>) -> Result<(), DemoError> {
     println!("nftproxy demo: building a lab of network namespaces");
     let mut lab = Lab::new()?;
     lab.add_node("node1")?;
@@ -134,9 +170,15 @@ pub fn run(args: &DemoArgs) -> Result<(), DemoError> {
             c.name, c.ip
         );
     }
-    check(&stop)?;
+    check(stop)?;
 
-    let agent = start_agent(&lab.node("node1").ns, &stop)?;
+    // Dropped in reverse: the agent, then the control plane, then the lab.
+    let control_plane = if args.apiserver { Some(control_plane::start(&mut lab, stop)?) } else { None };
+    let source = match &control_plane {
+        Some(cp) => Source::Kubeconfig(control_plane::populate(cp, &lab, stop)?),
+        None => Source::Manifests,
+    };
+    let agent = start_agent(&lab.node("node1").ns, stop, &source)?;
     let timeout = Duration::from_secs(2);
     let n = args.requests;
     let client = lab.client("client").map(|c| &c.ns).ok_or_else(|| DemoError::Agent("no client".into()))?;
@@ -184,7 +226,7 @@ pub fn run(args: &DemoArgs) -> Result<(), DemoError> {
         let target = addr(target);
         let t = ns.run(|| traffic::tally(protocol, target, count, timeout))?;
         print_tally(&format!("{title}\n  {protocol} {target}"), &t);
-        check(&stop)?;
+        check(stop)?;
     }
 
     let hc = client.run(|| traffic::http_get(addr("192.168.50.2:30999"), "/", timeout))?;
@@ -203,18 +245,26 @@ pub fn run(args: &DemoArgs) -> Result<(), DemoError> {
 
     let listing = lab.node("node1").ns.exec("nft", &["list", "ruleset"])?;
     println!("\n`nft list ruleset` on node1:\n{}", String::from_utf8_lossy(&listing.stdout));
+    if let Some(cp) = &control_plane {
+        control_plane::bad_object(cp, stop)?;
+    }
     if args.hold {
-        hold(&lab, &stop);
+        let extra = match (&control_plane, lab.client(control_plane::NAMESPACE)) {
+            (Some(cp), Some(c)) => control_plane::hold_hint(cp, c.ns.name()),
+            _ => String::new(),
+        };
+        hold(&lab, stop, &extra);
     }
     println!("removing the lab…");
     drop(agent);
+    drop(control_plane);
     drop(lab);
     println!("done.");
     Ok(())
 }
 
 /// Waits for Ctrl-C, after saying how to reach the lab.
-fn hold(lab: &Lab, stop: &AtomicBool) {
+fn hold(lab: &Lab, stop: &AtomicBool, extra: &str) {
     let node = lab.node("node1").ns.name();
     let client = lab.client("client").map_or("", |c| c.ns.name());
     let exe = crate::nftproxy_binary();
@@ -223,7 +273,7 @@ fn hold(lab: &Lab, stop: &AtomicBool) {
         "the lab stays until Ctrl-C. In another terminal, as root:\n  \
          ip netns exec {node} {exe} status\n  \
          ip netns exec {node} {exe} trace --dst 10.96.0.10:80 --count 1\n  \
-         ip netns exec {client} bash -c 'cat < /dev/tcp/10.96.0.10/80'    # a connection to trace"
+         ip netns exec {client} bash -c 'cat < /dev/tcp/10.96.0.10/80'    # a connection to trace{extra}"
     );
     while !stop.load(Ordering::Relaxed) {
         std::thread::sleep(Duration::from_millis(200));
