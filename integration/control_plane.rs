@@ -385,10 +385,10 @@ fn a_node_cut_off_service_cidrs_and_a_thousand_services() {
 }
 
 /// A child process killed on drop.
-struct Guarded(Option<std::process::Child>);
+pub(crate) struct Guarded(pub(crate) Option<std::process::Child>);
 
 impl Guarded {
-    fn stop(&mut self) {
+    pub(crate) fn stop(&mut self) {
         if let Some(mut c) = self.0.take() {
             let _ = c.kill();
             let _ = c.wait();

@@ -13,6 +13,7 @@ mod conntrack;
 mod control_plane;
 mod counters;
 mod deploy;
+mod differential;
 mod explain;
 mod external;
 mod fuzz;

@@ -757,6 +757,35 @@ mod tests {
         assert!(build.contains("compiler=\"rustc\""), "{build}");
     }
 
+    /// docs/metrics.md lists every family the registry exports (as the Prometheus text format
+    /// names them) with its type, and nothing else: the page is checked against the code.
+    #[test]
+    fn the_metrics_page_lists_exactly_what_is_exported() {
+        let exported = families(&populated().encode());
+        let page = include_str!("../docs/metrics.md");
+        let mut documented: BTreeMap<String, String> = BTreeMap::new();
+        for row in page.lines().filter(|l| l.starts_with("| `")) {
+            let cells: Vec<&str> = row.split('|').map(str::trim).collect();
+            let name = cells[1].trim_matches('`');
+            if name.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_') {
+                documented.insert(name.to_string(), cells[2].to_string());
+            }
+        }
+        for (name, family) in &exported {
+            let Some(kind) = documented.get(name) else {
+                panic!("{name} ({}) is exported but not in docs/metrics.md", family.kind)
+            };
+            assert!(
+                kind.starts_with(&family.kind),
+                "docs/metrics.md gives {name} the type {kind:?}, the registry {:?}",
+                family.kind
+            );
+        }
+        for name in documented.keys() {
+            assert!(exported.contains_key(name), "docs/metrics.md lists {name}, which is not exported");
+        }
+    }
+
     #[test]
     fn a_sync_is_recorded_per_family_and_process_metrics_are_read() {
         let text = populated().encode();

@@ -38,6 +38,14 @@ pub(crate) fn kernel_check(release: &str, skip: bool) -> Result<(), String> {
     }
 }
 
+/// Whether this kernel does IPv6, as upstream checks it (`/proc/net/if_inet6` exists and
+/// `disable_ipv6` is not set): upstream then runs an IPv6 proxier beside the IPv4 one, whose
+/// health `/healthz` reports, whether or not the cluster uses IPv6.
+pub(crate) fn ipv6_supported() -> bool {
+    std::path::Path::new("/proc/net/if_inet6").exists()
+        && std::fs::read_to_string("/proc/sys/net/ipv6/conf/all/disable_ipv6").map_or(true, |v| v.trim() != "1")
+}
+
 /// This kernel's release (`uname -r`).
 pub(crate) fn kernel_release() -> String {
     nix::sys::utsname::uname().map(|u| u.release().to_string_lossy().into_owned()).unwrap_or_default()

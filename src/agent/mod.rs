@@ -121,6 +121,12 @@ struct AgentObserver {
     /// This node's Node, watched for deletion and new addresses (API source only).
     node_watch: Option<lifecycle::NodeWatch>,
     restart: lifecycle::Restart,
+    /// When the process started: slices changed before it are not network-programming samples
+    /// (upstream's tracker start time), else a restart reports the age of every object.
+    started: SystemTime,
+    /// The kernel does IPv6: `/healthz` reports an IPv6 status as upstream's IPv6 proxier does,
+    /// even when nftproxy has nothing to program in that family.
+    ipv6: bool,
 }
 
 impl AgentObserver {
@@ -241,7 +247,15 @@ impl Observer for AgentObserver {
                         .collect(),
                 };
                 let reason = s.report.reason.to_string();
-                self.metrics.synced(&sample(s.report.full, s.report.total, Some(applied), reason));
+                // A periodic check that found nothing to do (owned tables, nothing pending) is
+                // not a sync to upstream, whose runner syncs only for changes, after failures and
+                // hourly: it is not counted in the sync metrics.
+                let idle_check = s.report.reason == crate::sync::SyncReason::Periodic
+                    && !s.report.full
+                    && s.report.apply.messages == 0;
+                if !idle_check {
+                    self.metrics.synced(&sample(s.report.full, s.report.total, Some(applied), reason));
+                }
                 let changes = index.take_changes();
                 self.metrics.service_changes.inc_by(changes.services);
                 self.metrics.endpoint_changes.inc_by(changes.endpoints);
@@ -249,6 +263,9 @@ impl Observer for AgentObserver {
                 self.metrics.endpoint_changes_pending.set(0);
                 let now = SystemTime::now();
                 for (family, t) in changes.trigger_times {
+                    if t < self.started {
+                        continue;
+                    }
                     if let Ok(latency) = now.duration_since(t) {
                         self.metrics.network_programmed(family, latency);
                     }
@@ -265,10 +282,14 @@ impl Observer for AgentObserver {
                 let unchanged = self.health_served.as_ref().is_some_and(|(checks, nodeports, fams)| {
                     Arc::ptr_eq(checks, &served.0) && *nodeports == served.1 && *fams == served.2
                 });
+                let mut reported = families.clone();
+                if self.ipv6 && !reported.contains(&IpFamily::V6) {
+                    reported.push(IpFamily::V6);
+                }
                 if unchanged {
-                    self.health.synced(&families);
+                    self.health.synced(&reported);
                 } else {
-                    self.health.updated(&families, &s.health_checks);
+                    self.health.updated(&reported, &s.health_checks);
                     // A family nftproxy does not program (IPv6 on a single-stack cluster)
                     // matches all its addresses, but must not widen the health-check servers
                     // to every address: upstream has no proxier, hence no server, for it.
@@ -454,6 +475,8 @@ pub(crate) fn run(settings: RunSettings) -> Result<(), RunError> {
         health_served: None,
         node_watch,
         restart: restart.clone(),
+        started: SystemTime::now(),
+        ipv6: lifecycle::ipv6_supported(),
     };
     info!(hostname = %syncer.config().hostname, "nftproxy running");
     runner::run(&mut index, &mut syncer, &rx, &stop, settings.timing, gate, &mut observer)?;
