@@ -8,7 +8,7 @@
 //! One control plane serves the whole scenario (starting one takes 10-20 s on 2 cores); each
 //! phase says what it proves.
 
-use std::net::Ipv4Addr;
+use std::net::{IpAddr, Ipv4Addr};
 use std::time::{Duration, Instant};
 
 use crate::common::*;
@@ -416,4 +416,91 @@ fn wait_exit(child: &mut std::process::Child, within: Duration) -> Option<std::p
         std::thread::sleep(Duration::from_millis(50));
     }
     None
+}
+
+/// Policies and topology through the real API, on a dual-stack control plane: internal traffic
+/// policy Local, load-balancer source ranges, `trafficDistribution: PreferSameZone` (hints the
+/// EndpointSlice controller writes from the Nodes' zones) and a RequireDualStack Service.
+const POLICIES: &str = "apiVersion: v1\nkind: Service\nmetadata: {name: local, namespace: default}\nspec:\n  clusterIP: 10.96.0.50\n  internalTrafficPolicy: Local\n  selector: {app: web}\n  ports: [{name: http, port: 80, targetPort: 8080, protocol: TCP}]\n---\napiVersion: v1\nkind: Service\nmetadata: {name: ranged, namespace: default}\nspec:\n  type: LoadBalancer\n  clusterIP: 10.96.0.51\n  loadBalancerSourceRanges: [192.168.50.100/32]\n  selector: {app: web}\n  ports: [{name: http, port: 80, targetPort: 8080, nodePort: 30051, protocol: TCP}]\n---\napiVersion: v1\nkind: Service\nmetadata: {name: close, namespace: default}\nspec:\n  clusterIP: 10.96.0.52\n  trafficDistribution: PreferSameZone\n  selector: {app: web}\n  ports: [{name: http, port: 80, targetPort: 8080, protocol: TCP}]\n---\napiVersion: v1\nkind: Service\nmetadata: {name: dual, namespace: default}\nspec:\n  ipFamilyPolicy: RequireDualStack\n  ipFamilies: [IPv4, IPv6]\n  clusterIP: 10.96.0.53\n  clusterIPs: [10.96.0.53, \"fd00:96::53\"]\n  selector: {app: web}\n  ports: [{name: http, port: 80, targetPort: 8080, protocol: TCP}]\n";
+
+#[test]
+fn policies_topology_and_dual_stack_through_the_real_api_server() {
+    if skip_unless_privileged() {
+        return;
+    }
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let mut lab = ClusterLab::new();
+    let client = lab.lab.add_client("control-plane").expect("control plane namespace");
+    let (ns, ip) = (client.ns.name().to_string(), client.ip);
+    let service_cidrs = format!(
+        "{},{}",
+        nftproxy_tools::lab::topology::SERVICE_CIDR_V4,
+        nftproxy_tools::lab::topology::SERVICE_CIDR_V6
+    );
+    let cp = ControlPlane::start(&ns, ip, &service_cidrs).expect("dual-stack control plane");
+    let lab = &lab;
+    for (name, zone) in [("node1", "zone-a"), ("node2", "zone-b")] {
+        let n = lab.lab.node(name);
+        cp.add_node_with(name, &[IpAddr::V4(n.ip), IpAddr::V6(n.ip6)], zone).unwrap();
+    }
+    for (pod, node) in WEB_PODS {
+        let p = lab.lab.pod(pod).unwrap();
+        cp.add_pod(pod, node, p.ip, "app: web", true).unwrap();
+        cp.set_pod_status(pod, &[IpAddr::V4(p.ip), IpAddr::V6(p.ip6)], true).unwrap();
+    }
+    let rbac = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/deploy/rbac.yaml")).unwrap();
+    cp.apply(&rbac).expect("rbac");
+    cp.apply(POLICIES).unwrap_or_else(|e| panic!("{e}"));
+    cp.patch_status(
+        "service",
+        Some("default"),
+        "ranged",
+        &serde_json::json!({"loadBalancer": {"ingress": [{"ip": "203.0.113.51"}]}}),
+    )
+    .unwrap();
+    let token = cp.token("kube-system", "nftproxy").unwrap();
+    let kubeconfig = lab.write("nftproxy.kubeconfig", &cp.kubeconfig(&token));
+    // Both pod ranges, so outside clients of either family are masqueraded (a reply from node2
+    // must come back through node1). A config file, as a dual-stack cluster would have it: its
+    // values win over the lab's flags.
+    let config = lab.write(
+        "config.conf",
+        &format!(
+            "apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\nmode: nftables\nclientConnection: {{kubeconfig: {}}}\nhostnameOverride: node1\nclusterCIDR: {},{}\nconntrack: {{maxPerCore: 0, tcpEstablishedTimeout: 0s, tcpCloseWaitTimeout: 0s}}\n",
+            kubeconfig.display(),
+            nftproxy_tools::lab::topology::CLUSTER_CIDR_V4,
+            nftproxy_tools::lab::topology::CLUSTER_CIDR_V6
+        ),
+    );
+    let _proxy = lab.run_proxy_from(&["--config", config.to_str().unwrap()], &[]);
+    let within = Duration::from_secs(10);
+    let answers = |who: &str, target: &str| backends(&lab.tally(who, L4Proto::Tcp, target, 30));
+    let node1_pods = set(&["web-1", "web-2"]);
+    let all = set(&["web-1", "web-2", "web-3"]);
+
+    // internalTrafficPolicy Local: node1's endpoints only, from a client and from a pod.
+    assert!(lab.eventually(within, || answers("client", "10.96.0.50:80") == node1_pods), "{}", lab.proxy_log());
+    assert_eq!(answers("web-1", "10.96.0.50:80"), node1_pods);
+    // Source ranges: the allowed client gets in, the other's packets are dropped.
+    assert!(lab.eventually(within, || answers("client", "203.0.113.51:80") == all), "{}", lab.proxy_log());
+    assert!(lab.ask("client2", L4Proto::Tcp, "203.0.113.51:80").is_err(), "outside the source ranges");
+    // PreferSameZone (PreferClose before 1.35): the controller hints each endpoint to its Node's zone; node1 (zone-a) uses
+    // zone-a's endpoints.
+    assert!(
+        lab.eventually(within, || answers("client", "10.96.0.52:80") == node1_pods),
+        "{}\n{}",
+        lab.proxy_log(),
+        cp.kubectl_ok(&["get", "endpointslices", "-l", "kubernetes.io/service-name=close", "-o", "yaml"])
+            .unwrap_or_default()
+    );
+    // Dual-stack: both ClusterIPs, each family's slice from the controller.
+    assert!(lab.eventually(within, || answers("client", "10.96.0.53:80") == all), "{}", lab.proxy_log());
+    assert!(
+        lab.eventually(within, || answers("client", "[fd00:96::53]:80") == all),
+        "{:?}\n{}\n{}",
+        lab.tally("client", L4Proto::Tcp, "[fd00:96::53]:80", 3),
+        cp.kubectl_ok(&["get", "endpointslices", "-l", "kubernetes.io/service-name=dual", "-o", "yaml"])
+            .unwrap_or_default(),
+        lab.listing().lines().filter(|l| l.contains("fd00:96::53")).collect::<Vec<_>>().join("\n")
+    );
 }

@@ -14,7 +14,7 @@
 //! - Everything is started here and stopped on drop (by PID); the namespace is the lab's.
 
 use std::io::Write;
-use std::net::Ipv4Addr;
+use std::net::{IpAddr, Ipv4Addr};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::sync::Arc;
@@ -395,6 +395,14 @@ impl ControlPlane {
 
     /// A Node with an InternalIP and a zone, as a kubelet registers it.
     pub fn add_node(&self, name: &str, ip: Ipv4Addr, zone: &str) -> Result<(), ControlPlaneError> {
+        self.add_node_with(name, &[IpAddr::V4(ip)], zone)
+    }
+
+    /// A Node with one InternalIP per address (dual-stack: one of each family) and a zone.
+    pub fn add_node_with(&self, name: &str, ips: &[IpAddr], zone: &str) -> Result<(), ControlPlaneError> {
+        let mut addresses: Vec<serde_json::Value> =
+            ips.iter().map(|ip| serde_json::json!({"type": "InternalIP", "address": ip.to_string()})).collect();
+        addresses.push(serde_json::json!({"type": "Hostname", "address": name}));
         self.apply(&format!(
             "apiVersion: v1\nkind: Node\nmetadata:\n  name: {name}\n  labels: {{kubernetes.io/hostname: {name}, topology.kubernetes.io/zone: {zone}}}\n"
         ))?;
@@ -403,7 +411,7 @@ impl ControlPlane {
             None,
             name,
             &serde_json::json!({
-                "addresses": [{"type": "InternalIP", "address": ip.to_string()}, {"type": "Hostname", "address": name}],
+                "addresses": addresses,
                 "conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady", "message": "lab"}],
             }),
         )
@@ -427,15 +435,22 @@ impl ControlPlane {
 
     /// Writes a Pod's status as a kubelet does: Running, its IP, Ready as given.
     pub fn set_pod_ready(&self, name: &str, ip: Ipv4Addr, ready: bool) -> Result<(), ControlPlaneError> {
+        self.set_pod_status(name, &[IpAddr::V4(ip)], ready)
+    }
+
+    /// Writes a Pod's status as a kubelet does, with one IP per family (the first is `podIP`).
+    pub fn set_pod_status(&self, name: &str, ips: &[IpAddr], ready: bool) -> Result<(), ControlPlaneError> {
         let ready = if ready { "True" } else { "False" };
+        let first = ips.first().map(ToString::to_string).unwrap_or_default();
+        let pod_ips: Vec<serde_json::Value> = ips.iter().map(|ip| serde_json::json!({"ip": ip.to_string()})).collect();
         self.patch_status(
             "pod",
             Some("default"),
             name,
             &serde_json::json!({
                 "phase": "Running",
-                "podIP": ip.to_string(),
-                "podIPs": [{"ip": ip.to_string()}],
+                "podIP": first,
+                "podIPs": pod_ips,
                 "conditions": [
                     {"type": "PodScheduled", "status": "True"},
                     {"type": "Initialized", "status": "True"},
