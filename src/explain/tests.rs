@@ -217,9 +217,11 @@ fn a_miss_through_every_balancing_rule_reaches_the_chain_end() {
     assert!((total - 1.0).abs() < 1e-9, "{total}");
 }
 
-/// A Service of 5,000 endpoints, as `explain --manifests` sees it: its ClusterIP is balanced by
-/// `numgen random mod 5000` over `service-endpoints-5000` (a hash map keyed by the address,
-/// protocol, port and index), and every endpoint gets 1/5000.
+/// A Service of 5,000 endpoints, as `explain --manifests` sees it: without affinity its
+/// ClusterIP is balanced by `numgen random mod 5000` over `service-endpoints-5000` (a hash map
+/// keyed by the address, protocol, port and index), and every endpoint gets 1/5000; with
+/// affinity its slots are split in groups, and every endpoint gets its share, the client
+/// recorded in that endpoint's slot.
 #[test]
 fn a_service_of_5000_endpoints_is_predicted_endpoint_by_endpoint() {
     let rules = ruleset(&affine_service("big", "172.30.9.9", 5000, false));
@@ -241,4 +243,13 @@ fn a_service_of_5000_endpoints_is_predicted_endpoint_by_endpoint() {
     let e = run(&ruleset(&both), POD, "172.30.0.42:80", 6, false);
     assert_eq!(endpoints(&e).len(), 3);
 
+    let rules = ruleset(&affine_service("big", "172.30.9.9", 5000, true));
+    let e = run(&rules, POD, "172.30.9.9:80", 6, false);
+    assert_eq!(e.outcomes.len(), 5000, "{}", e.outcomes[0].reason);
+    let total: f64 = e.outcomes.iter().map(|o| o.share).sum();
+    assert!((total - 1.0).abs() < 1e-9, "{total}");
+    assert!(e.outcomes.iter().all(|o| o.verdict == Verdict::Dnat && (o.share * 5000.0 - 1.0).abs() < 0.1));
+    assert!(e.outcomes.iter().all(|o| o.affinity_updates.len() == 1));
+    let text = report::to_text(&e);
+    assert!(text.contains("first connection"), "{}", &text[..2000]);
 }

@@ -4,7 +4,8 @@
 //! shared chains, see `balance`) balances over its own **window** of 2^20 numbers in one of a
 //! few shared interval maps (`affinity-endpoints-0`, … with their slot maps, see
 //! [`super::affinity`]). The window is split into one range per endpoint, as evenly as its size
-//! allows.
+//! allows. A port with more affinity slots than one window holds has a block of consecutive
+//! windows: one per slot group, and one for the split between the groups.
 //!
 //! The shape follows the kernel's costs, measured on the benchmark's clusters:
 //! - the rule never changes while the service port has endpoints, so adding or removing one is
@@ -54,9 +55,12 @@ pub(crate) struct WindowId {
 pub(crate) struct WindowDemand {
     pub id: WindowId,
     pub endpoints: u32,
+    /// The service port whose affinity slots decide how many consecutive windows the chain
+    /// needs ([`AffinitySlots::span`]); none: one.
+    pub port: Option<AffinityId>,
 }
 
-/// Where a chain's endpoints are: map shard and window offset.
+/// Where a chain's endpoints are: map shard and the offset of its (first) window.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Slot {
     pub shard: u32,
@@ -131,7 +135,9 @@ pub(crate) fn ranges_in(offset: u32, n: u32, width: u32) -> Vec<(u32, u32)> {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct Block {
     shard: u32,
+    /// The first window, and how many follow it.
     window: u32,
+    span: u32,
     load: u32,
 }
 
@@ -146,18 +152,47 @@ struct Shard {
 }
 
 impl Shard {
-    fn take_window(&mut self) -> Option<u32> {
-        if let Some(w) = self.free.pop_first() {
-            return Some(w);
-        }
-        (self.top < SHARD_WINDOWS).then(|| {
-            self.top += 1;
-            self.top - 1
-        })
+    /// The first of `span` consecutive free windows, taken: given back ones first, lowest
+    /// first, else from the top.
+    fn take_windows(&mut self, span: u32) -> Option<u32> {
+        let start = self.free_run(span).or_else(|| (self.top + span <= SHARD_WINDOWS).then_some(self.top))?;
+        self.claim(start, span).then_some(start)
     }
 
-    fn has_window(&self) -> bool {
-        !self.free.is_empty() || self.top < SHARD_WINDOWS
+    /// The lowest run of `span` windows given back below `top`.
+    fn free_run(&self, span: u32) -> Option<u32> {
+        let (mut start, mut len, mut last) = (0, 0, None);
+        for &w in &self.free {
+            if last.is_some_and(|l: u32| l + 1 == w) {
+                len += 1;
+            } else {
+                (start, len) = (w, 1);
+            }
+            if len >= span {
+                return Some(start);
+            }
+            last = Some(w);
+        }
+        None
+    }
+
+    fn has_windows(&self, span: u32) -> bool {
+        self.top + span <= SHARD_WINDOWS || self.free_run(span).is_some()
+    }
+
+    /// Takes windows `start..start + span` if each is free: given back, or at or past `top`
+    /// (those skipped between `top` and `start` are given back).
+    fn claim(&mut self, start: u32, span: u32) -> bool {
+        let end = start.saturating_add(span);
+        if end > SHARD_WINDOWS || !(start..end).all(|w| w >= self.top || self.free.contains(&w)) {
+            return false;
+        }
+        self.free.extend(self.top..start);
+        for w in start..end {
+            self.free.remove(&w);
+        }
+        self.top = self.top.max(end);
+        true
     }
 }
 
@@ -207,17 +242,23 @@ impl Placement {
         for (service, wanted) in &demands {
             for demand in wanted {
                 let Some(slot) = prior.get(&demand.id) else { continue };
-                let at = (demand.id.family, slot.shard, slot.window());
-                if slot.offset % WINDOW != 0 || slot.window() >= SHARD_WINDOWS || !taken.insert(at) {
+                let span = p.span(demand);
+                let (family, first) = (demand.id.family, slot.window());
+                let windows = first..first.saturating_add(span);
+                if slot.offset % WINDOW != 0
+                    || windows.end > SHARD_WINDOWS
+                    || windows.clone().any(|w| taken.contains(&(family, slot.shard, w)))
+                {
                     continue;
                 }
+                taken.extend(windows.map(|w| (family, slot.shard, w)));
                 let shard = p.shards.entry(demand.id.family).or_default().entry(slot.shard).or_default();
-                shard.top = shard.top.max(slot.window() + 1);
+                shard.top = shard.top.max(first + span);
                 shard.load = shard.load.saturating_add(demand.endpoints);
                 shard.blocks += 1;
                 p.blocks.insert(
                     demand.id.clone(),
-                    Block { shard: slot.shard, window: slot.window(), load: demand.endpoints },
+                    Block { shard: slot.shard, window: first, span, load: demand.endpoints },
                 );
                 p.services.entry(service.clone()).or_default().push(demand.id.clone());
             }
@@ -254,15 +295,29 @@ impl Placement {
             self.release(id);
         }
         for demand in demands {
-            match self.blocks.get_mut(&demand.id) {
-                Some(block) => {
-                    let shards = self.shards.get_mut(&demand.id.family);
-                    if let Some(shard) = shards.and_then(|s| s.get_mut(&block.shard)) {
-                        shard.load = shard.load.saturating_sub(block.load).saturating_add(demand.endpoints);
-                    }
-                    block.load = demand.endpoints;
+            let span = self.span(demand);
+            let Some(block) = self.blocks.get_mut(&demand.id) else {
+                self.allocate(demand);
+                continue;
+            };
+            let shards = self.shards.get_mut(&demand.id.family);
+            let Some(shard) = shards.and_then(|s| s.get_mut(&block.shard)) else { continue };
+            // A block whose slots were regrouped (its rules change anyway) keeps its first
+            // window when it can: fewer windows give the last back, more take the next ones.
+            let resized = match span.cmp(&block.span) {
+                std::cmp::Ordering::Equal => true,
+                std::cmp::Ordering::Less => {
+                    shard.free.extend(block.window + span..block.window + block.span);
+                    true
                 }
-                None => self.allocate(demand),
+                std::cmp::Ordering::Greater => shard.claim(block.window + block.span, span - block.span),
+            };
+            if resized {
+                shard.load = shard.load.saturating_sub(block.load).saturating_add(demand.endpoints);
+                (block.span, block.load) = (span, demand.endpoints);
+            } else {
+                self.release(&demand.id);
+                self.allocate(demand);
             }
         }
         if !demands.is_empty() {
@@ -322,26 +377,31 @@ impl Placement {
         }
     }
 
+    /// How many consecutive windows a demand needs.
+    fn span(&self, demand: &WindowDemand) -> u32 {
+        demand.port.as_ref().and_then(|p| self.affinity.get(p)).map_or(1, AffinitySlots::span)
+    }
+
     fn allocate(&mut self, demand: &WindowDemand) {
-        let n = demand.endpoints;
+        let (n, span) = (demand.endpoints, self.span(demand));
         let shards = self.shards.entry(demand.id.family).or_default();
-        let fits = |s: &Shard| s.has_window() && s.load.saturating_add(n) <= SHARD_LOAD;
+        let fits = |s: &Shard| s.has_windows(span) && s.load.saturating_add(n) <= SHARD_LOAD;
         let id = match shards.iter().find(|(_, s)| fits(s)) {
             Some((id, _)) => *id,
             // The lowest unused shard number, so names stay small and are reused.
             None => (0..).find(|i| !shards.contains_key(i)).unwrap_or(0),
         };
         let shard = shards.entry(id).or_default();
-        let window = shard.take_window().unwrap_or(0);
+        let window = shard.take_windows(span).unwrap_or(0);
         shard.load = shard.load.saturating_add(n);
         shard.blocks += 1;
-        self.blocks.insert(demand.id.clone(), Block { shard: id, window, load: n });
+        self.blocks.insert(demand.id.clone(), Block { shard: id, window, span, load: n });
     }
 
     fn release(&mut self, id: &WindowId) {
         let Some(block) = self.blocks.remove(id) else { return };
         if let Some(shard) = self.shards.get_mut(&id.family).and_then(|s| s.get_mut(&block.shard)) {
-            shard.free.insert(block.window);
+            shard.free.extend(block.window..block.window + block.span);
             shard.load = shard.load.saturating_sub(block.load);
             shard.blocks = shard.blocks.saturating_sub(1);
         }
@@ -367,6 +427,7 @@ impl SlotLookup for Placement {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::plan::affinity::AffinityDemand;
 
     const F: IpFamily = IpFamily::V4;
 
@@ -379,7 +440,7 @@ mod tests {
     }
 
     fn want(chain: &str, n: u32) -> WindowDemand {
-        WindowDemand { id: id(chain), endpoints: n }
+        WindowDemand { id: id(chain), endpoints: n, port: None }
     }
 
     fn windows(windows: Vec<WindowDemand>) -> Demands {
@@ -432,7 +493,7 @@ mod tests {
         assert_eq!(p.slot(&id("big")), Some(at(0, 0)));
         assert_eq!(p.slot(&id("next")), Some(at(1, 0)), "map 0 is full");
         assert_eq!(p.slot(&id("small")), Some(at(0, 1)), "map 0 still takes what fits");
-        let v6 = WindowDemand { id: WindowId { family: IpFamily::V6, ..id("a") }, endpoints: 3 };
+        let v6 = WindowDemand { id: WindowId { family: IpFamily::V6, ..id("a") }, endpoints: 3, port: None };
         p.update_service(&svc("a"), &windows(vec![v6.clone()]));
         assert_eq!(p.slot(&v6.id), Some(at(0, 0)), "families are separate spaces");
         p.update_service(&svc("next"), &Demands::default());
@@ -465,5 +526,51 @@ mod tests {
         assert_eq!(p.slot(&id("odd")), Some(at(0, 2)), "an offset that is not a window is not kept");
         assert_eq!(p.slot(&id("x")), Some(at(0, 4)), "x claimed a's window: it gets a free one");
         assert_eq!(p.slot(&id("gone")), None);
+    }
+    /// A service whose affinity port has `n` endpoints, with its cluster chain's window.
+    fn affine(name: &str, n: u32) -> Demands {
+        let port = AffinityId { family: F, base: name.to_string() };
+        let endpoints =
+            (0..n).map(|i| (std::net::IpAddr::from(std::net::Ipv4Addr::from((10u32 << 24) + i)), 80)).collect();
+        Demands {
+            windows: vec![WindowDemand { id: id(name), endpoints: n, port: Some(port.clone()) }],
+            affinity: vec![AffinityDemand { id: port, endpoints }],
+        }
+    }
+
+    #[test]
+    fn grouped_slots_take_consecutive_windows_that_grow_and_shrink_in_place() {
+        let mut p = Placement::new();
+        p.update_service(&svc("a"), &affine("a", 300));
+        assert_eq!(p.slot(&id("a")), Some(at(0, 0)), "2 groups and the split: windows 0-2");
+        p.update_service(&svc("b"), &affine("b", 3));
+        assert_eq!(p.slot(&id("b")), Some(at(0, 3)));
+        // 750 slots: 3 groups, 4 windows; window 3 is b's, so a moves (its rules change anyway).
+        p.update_service(&svc("a"), &affine("a", 600));
+        assert_eq!(p.slot(&id("a")), Some(at(0, 4)));
+        // 125 slots: one window, the first; the others are given back.
+        p.update_service(&svc("a"), &affine("a", 100));
+        assert_eq!(p.slot(&id("a")), Some(at(0, 4)));
+        p.update_service(&svc("c"), &affine("c", 300));
+        assert_eq!(p.slot(&id("c")), Some(at(0, 0)), "the first run of three free windows");
+        p.update_service(&svc("d"), &affine("d", 300));
+        assert_eq!(p.slot(&id("d")), Some(at(0, 5)), "given back by a");
+        // a grows again into windows that are free: in place.
+        p.update_service(&svc("d"), &Demands::default());
+        p.update_service(&svc("a"), &affine("a", 600));
+        assert_eq!(p.slot(&id("a")), Some(at(0, 4)));
+    }
+
+    #[test]
+    fn settling_keeps_a_block_only_where_all_its_windows_are_free() {
+        let prior = vec![(id("a"), at(0, 0)), (id("b"), at(0, 2)), (id("c"), at(0, 6))];
+        let demands = vec![(svc("a"), affine("a", 300)), (svc("b"), affine("b", 3)), (svc("c"), affine("c", 300))];
+        let prior_slots: Vec<(AffinityId, AffinitySlots)> = Vec::new();
+        let p = Placement::settle(prior, prior_slots, demands);
+        assert_eq!(p.slot(&id("a")), Some(at(0, 0)), "windows 0-2");
+        assert_eq!(p.slot(&id("b")), Some(at(0, 3)), "b's window is a's now");
+        assert_eq!(p.slot(&id("c")), Some(at(0, 6)));
+        let taken: BTreeSet<u32> = p.windows().map(|(_, s)| s.window()).collect();
+        assert_eq!(taken, [0, 3, 6].into_iter().collect());
     }
 }

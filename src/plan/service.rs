@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use ipnet::IpNet;
 
-use super::affinity::{AffinityDemand, AffinityId, AffinitySlots};
+use super::affinity::{AffinityDemand, AffinityId, AffinitySlots, weighted_ranges};
 use super::endpoints::{Categorized, NodeView, categorize};
 use super::objects::*;
 use super::placement::{self, Demands, SlotLookup, WindowDemand, WindowId};
@@ -82,7 +82,8 @@ impl<'a> PortPlan<'a> {
         }
         let mut demand = |chain: String, n: usize| {
             let id = WindowId { family: self.family, chain };
-            out.windows.push(WindowDemand { id, endpoints: u32::try_from(n).unwrap_or(u32::MAX) });
+            let (endpoints, port) = (u32::try_from(n).unwrap_or(u32::MAX), Some(self.affinity_id()));
+            out.windows.push(WindowDemand { id, endpoints, port });
         };
         let (cluster, local) = (self.uses_cluster_chain(), self.uses_local_chain());
         if cluster {
@@ -326,10 +327,11 @@ impl<'a> PortPlan<'a> {
     }
 
     /// A chain balancing over `endpoints` with ClientIP affinity (only such ports have chains of
-    /// their own), and its elements: per slot a sticky check, per slot a record, then the choice
-    /// by hash (see [`super::affinity`]). Only the endpoints that have a slot are balanced over.
-    /// Without a window or slots (the placement places every demand, so only a bug gets here)
-    /// the chain gets a plain DNAT to its first endpoint rather than a rule naming no window.
+    /// their own), and its elements: per slot a sticky check, per slot a record, then per slot
+    /// group the choice by hash, gated by the group split when there are several groups (see
+    /// [`super::affinity`]). Only the endpoints that have a slot are balanced over. Without a
+    /// window or slots (the placement places every demand, so only a bug gets here) the chain
+    /// gets a plain DNAT to its first endpoint rather than a rule naming no window.
     fn write_affinity_chain(
         &self,
         table: &mut Fragment,
@@ -354,8 +356,9 @@ impl<'a> PortPlan<'a> {
             table.own.add_chain(chain);
             return;
         };
+        let slot_of = seats.index();
         let seated: Vec<(&Endpoint, usize)> =
-            endpoints.iter().filter_map(|ep| Some((ep, seats.slot_of((ep.ip, ep.port))?))).collect();
+            endpoints.iter().filter_map(|ep| Some((ep, *slot_of.get(&(ep.ip, ep.port))?))).collect();
         if seated.len() < endpoints.len() {
             tracing::warn!(
                 service = %self.sp.name,
@@ -364,7 +367,6 @@ impl<'a> PortPlan<'a> {
                 "more endpoints than a port with session affinity has slots: the rest get no traffic"
             );
         }
-        let n = u32::try_from(seated.len()).unwrap_or(u32::MAX);
         let shard = window.shard;
         let (endpoint_map, windows_map, targets_map) =
             (SharedSet::EndpointMap(shard), SharedSet::SlotWindows(shard), SharedSet::SlotTargets(shard));
@@ -372,6 +374,15 @@ impl<'a> PortPlan<'a> {
         let clients = names::affinity_set(&self.base);
         let (targets, windows) = (targets_map.name().into_owned(), windows_map.name().into_owned());
         let slot_number = |j: usize| u32::try_from(j).unwrap_or(u32::MAX);
+        // With several groups, every record and choice of group g first checks that the split's
+        // hash falls in g's share.
+        let gate = |g: usize| {
+            seats.grouped().then(|| Stmt::HashLookup {
+                family,
+                hash: seats.group_check(window.offset, g),
+                set: windows.clone(),
+            })
+        };
         for j in 0..seats.capacity() {
             let (slot, key) = (slot_number(j), AffinitySlots::target_key(window.offset, j));
             chain.push(Rule::new(vec![
@@ -383,27 +394,64 @@ impl<'a> PortPlan<'a> {
             ]));
         }
         for j in 0..seats.capacity() {
-            chain.push(Rule::new(vec![
-                Stmt::HashLookup { family, hash: seats.record(window.offset, j), set: windows.clone() },
-                Stmt::UpdateSlot { family, slot: slot_number(j), set: clients.clone() },
-            ]));
+            let (g, _) = AffinitySlots::group_of(j);
+            let mut stmts: Vec<Stmt> = gate(g).into_iter().collect();
+            stmts.push(Stmt::HashLookup { family, hash: seats.record(window.offset, j), set: windows.clone() });
+            stmts.push(Stmt::UpdateSlot { family, slot: slot_number(j), set: clients.clone() });
+            chain.push(Rule::new(stmts));
         }
         let map = endpoint_map.name().into_owned();
-        let (proto, hash) = (self.sp.name.protocol, seats.choice(window.offset));
-        chain.push(Rule::new(vec![Stmt::DnatHashMap { family, proto, hash, map }]).with_comment(&**comment));
-        let ranges = placement::ranges_in(window.offset, n, seats.modulus());
-        for ((lo, hi), (ep, j)) in ranges.into_iter().zip(seated) {
-            let target = || vec![Value::Addr(ep.ip), Value::Port(ep.port)];
-            let element = |data: Element| data.with_comment(Arc::clone(comment));
-            table.add(endpoint_map, vec![Value::IndexRange(lo, hi)], element(Element::values(target(), owner.clone())));
-            let shift = seats.shift(j);
-            table.add(
-                windows_map,
-                vec![Value::IndexRange(lo + shift, hi + shift)],
-                element(Element::key_only(owner.clone())),
-            );
-            let key = AffinitySlots::target_key(window.offset, j);
-            table.add(targets_map, vec![Value::Index(key)], element(Element::values(target(), owner.clone())));
+        let proto = self.sp.name.protocol;
+        for g in 0..seats.groups() {
+            let mut stmts: Vec<Stmt> = gate(g).into_iter().collect();
+            stmts.push(Stmt::DnatHashMap { family, proto, hash: seats.choice(window.offset, g), map: map.clone() });
+            chain.push(Rule::new(stmts).with_comment(&**comment));
+        }
+        // Each group's endpoints split its hash range, in planning order.
+        let mut groups: Vec<Vec<(&Endpoint, usize)>> = vec![Vec::new(); seats.groups()];
+        for (ep, j) in seated {
+            if let Some(members) = groups.get_mut(AffinitySlots::group_of(j).0) {
+                members.push((ep, j));
+            }
+        }
+        let element = |data: Element| data.with_comment(Arc::clone(comment));
+        for (g, members) in groups.iter().enumerate() {
+            let n = u32::try_from(members.len()).unwrap_or(u32::MAX);
+            if n == 0 {
+                continue;
+            }
+            let group_window = AffinitySlots::group_window(window.offset, g);
+            let ranges = placement::ranges_in(group_window, n, seats.modulus(g));
+            for ((lo, hi), (ep, j)) in ranges.into_iter().zip(members) {
+                let target = || vec![Value::Addr(ep.ip), Value::Port(ep.port)];
+                table.add(
+                    endpoint_map,
+                    vec![Value::IndexRange(lo, hi)],
+                    element(Element::values(target(), owner.clone())),
+                );
+                let shift = seats.shift(*j);
+                table.add(
+                    windows_map,
+                    vec![Value::IndexRange(lo + shift, hi + shift)],
+                    element(Element::key_only(owner.clone())),
+                );
+                let key = AffinitySlots::target_key(window.offset, *j);
+                table.add(targets_map, vec![Value::Index(key)], element(Element::values(target(), owner.clone())));
+            }
+        }
+        if seats.grouped() {
+            // The split: each group's share of the split's range in proportion to its endpoints,
+            // at the group's own offset (its gate's).
+            let weights: Vec<u32> = groups.iter().map(|m| u32::try_from(m.len()).unwrap_or(u32::MAX)).collect();
+            for (g, range) in weighted_ranges(seats.split_modulus(), &weights).into_iter().enumerate() {
+                let Some((lo, hi)) = range else { continue };
+                let at = seats.group_check(window.offset, g).offset;
+                table.add(
+                    windows_map,
+                    vec![Value::IndexRange(at + lo, at + hi)],
+                    element(Element::key_only(owner.clone())),
+                );
+            }
         }
         table.own.add_chain(chain);
     }

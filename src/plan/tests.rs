@@ -434,6 +434,32 @@ fn predicted(plan: &Plan, dst: &str) -> Vec<(std::net::IpAddr, f64, Option<u32>)
         .collect()
 }
 
+/// A port with more affine endpoints than one window of slots holds (255) splits its slots in
+/// groups: every endpoint is still reached, new clients spread evenly over all of them, and a
+/// client is recorded in the slot of the endpoint it is sent to (so it sticks there).
+#[test]
+fn every_endpoint_of_a_large_affine_port_is_reached_and_recorded_in_its_slot() {
+    for n in [1500, 5000] {
+        let mut placement = Placement::new();
+        let plan = plan_after(&config(), &state(&affine_service("many", "172.30.9.9", n, true)), &mut placement);
+        let slots: Vec<_> = placement.affinity_slots().collect();
+        let [(_, slots)] = slots.as_slice() else { panic!("one affine port") };
+        assert!(slots.grouped(), "{n} endpoints: {} slots", slots.capacity());
+        let bound = slots.index();
+        let outcomes = predicted(&plan, "172.30.9.9:80");
+        let reached: BTreeSet<_> = outcomes.iter().map(|(ep, _, _)| *ep).collect();
+        assert_eq!((outcomes.len(), reached.len()), (n as usize, n as usize), "every endpoint, once");
+        let total: f64 = outcomes.iter().map(|(_, s, _)| s).sum();
+        assert!((total - 1.0).abs() < 1e-9, "{total}");
+        let fair = 1.0 / f64::from(n);
+        for (ep, share, slot) in &outcomes {
+            assert!((share / fair - 1.0).abs() < 0.1, "{ep}: {share} against {fair}");
+            let want = bound.get(&(*ep, 8080)).map(|j| u32::try_from(*j).unwrap());
+            assert_eq!(*slot, want, "{ep} is recorded in its own slot");
+        }
+    }
+}
+
 /// A balanced port of thousands of endpoints (no affinity) gets its map and rule for its
 /// count, and `explain` sees each endpoint's share.
 #[test]

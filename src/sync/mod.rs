@@ -37,7 +37,7 @@ use crate::nft::lower::{lower_ruleset, lower_table};
 use crate::nft::wire::{NumgenWindow, WireData, WireKey, address_from_bytes};
 use crate::nft::wire::{WireRuleset, WireTable, consts};
 use crate::nodeaddr::NodePortTargets;
-use crate::plan::affinity::{AffinityId, AffinitySlots, SlotTarget};
+use crate::plan::affinity::{AffinityId, AffinitySlots, GROUP_SLOTS, SlotTarget};
 use crate::plan::placement::{Demands, Placed, Placement, Slot, SlotFlush, WindowId};
 use crate::plan::{self, ConntrackTarget, HealthCheck, PlanInput, PlanStats, SharedSet};
 use delta::{Delta, View};
@@ -800,32 +800,54 @@ fn found_placement(kernel: &WireRuleset) -> Placed {
     out
 }
 
-/// The endpoint windows of one table's balancing rules.
+/// The endpoint windows of one table's balancing rules: each chain's first window (its first
+/// slot group's; a chain with several groups has a choice per group, one window apart).
 fn found_windows(family: IpFamily, rules: &[NumgenWindow]) -> Vec<(WindowId, Slot)> {
-    let mut out = Vec::new();
-    for found in rules {
-        let Some(SharedSet::EndpointMap(shard)) = SharedSet::from_name(&found.map) else { continue };
-        if !AffinitySlots::is_modulus(found.modulus) || found.offset % plan::placement::WINDOW != 0 {
-            continue;
+    let mut first: BTreeMap<&str, Slot> = BTreeMap::new();
+    for (chain, slot) in choices(rules) {
+        let at = first.entry(chain).or_insert(slot);
+        if (slot.shard, slot.offset) < (at.shard, at.offset) {
+            *at = slot;
         }
-        let id = WindowId { family, chain: found.chain.clone() };
-        out.push((id, Slot { shard, offset: found.offset }));
     }
-    out
+    first.into_iter().map(|(chain, slot)| (WindowId { family, chain: chain.to_string() }, slot)).collect()
+}
+
+/// The choices of the balancing chains: a hash looked up in an `affinity-endpoints-N` map at the
+/// start of a window, with a modulus nftproxy writes.
+fn choices(rules: &[NumgenWindow]) -> impl Iterator<Item = (&str, Slot)> {
+    rules.iter().filter_map(|found| {
+        let Some(SharedSet::EndpointMap(shard)) = SharedSet::from_name(&found.map) else { return None };
+        if !AffinitySlots::is_modulus(found.modulus) || found.offset % plan::placement::WINDOW != 0 {
+            return None;
+        }
+        Some((found.chain.as_str(), Slot { shard, offset: found.offset }))
+    })
 }
 
 /// The affinity slots of one table: the slot count from a balancing chain's record rules (one
-/// per slot), the bindings from the `affinity-targets-N` maps.
+/// per slot: the rules that look a hash up in `affinity-windows-N` and not in
+/// `affinity-endpoints-N`), the bindings from the `affinity-targets-N` maps (a key in the window
+/// of the chain's slot group `g` at place `i` is slot `255·g + i`).
 fn found_affinity(
     table: &WireTable,
     rules: &[NumgenWindow],
     windows: &[(WindowId, Slot)],
 ) -> Vec<(AffinityId, AffinitySlots)> {
+    let choice_rules: BTreeSet<(&str, usize)> = rules
+        .iter()
+        .filter(|r| matches!(SharedSet::from_name(&r.map), Some(SharedSet::EndpointMap(_))))
+        .map(|r| (r.chain.as_str(), r.rule))
+        .collect();
+    let record_rules: BTreeSet<(&str, usize)> = rules
+        .iter()
+        .filter(|r| matches!(SharedSet::from_name(&r.map), Some(SharedSet::SlotWindows(_))))
+        .map(|r| (r.chain.as_str(), r.rule))
+        .filter(|rule| !choice_rules.contains(rule))
+        .collect();
     let mut records: BTreeMap<&str, usize> = BTreeMap::new();
-    for record in rules {
-        if let Some(SharedSet::SlotWindows(_)) = SharedSet::from_name(&record.map) {
-            *records.entry(record.chain.as_str()).or_default() += 1;
-        }
+    for (chain, _) in record_rules {
+        *records.entry(chain).or_default() += 1;
     }
     let mut capacity: BTreeMap<String, usize> = BTreeMap::new();
     for (chain, n) in records {
@@ -835,18 +857,27 @@ fn found_affinity(
             *c = (*c).max(n);
         }
     }
-    let chain_at: BTreeMap<(u32, u32), &str> =
-        windows.iter().map(|(id, slot)| ((slot.shard, slot.offset), id.chain.as_str())).collect();
+    // Every group window of every chain: (shard, offset) → (chain, group).
+    let first: BTreeMap<&str, Slot> = windows.iter().map(|(id, slot)| (id.chain.as_str(), *slot)).collect();
+    let window = plan::placement::WINDOW;
+    let chain_at: BTreeMap<(u32, u32), (&str, usize)> = choices(rules)
+        .filter_map(|(chain, slot)| {
+            let start = first.get(chain).filter(|s| s.shard == slot.shard)?;
+            let group = usize::try_from(slot.offset.checked_sub(start.offset)? / window).ok()?;
+            Some(((slot.shard, slot.offset), (chain, group)))
+        })
+        .collect();
     let mut bound: BTreeMap<String, Vec<(usize, SlotTarget)>> = BTreeMap::new();
     for set in table.sets.values() {
         let Some(SharedSet::SlotTargets(shard)) = SharedSet::from_name(&set.name) else { continue };
         for (key, element) in set.elements.iter() {
             let Ok(key) = <[u8; 4]>::try_from(key.bytes.as_slice()).map(u32::from_ne_bytes) else { continue };
-            let (window, j) = AffinitySlots::slot_of_key(key);
-            let Some(base) = chain_at.get(&(shard, window)).and_then(|c| port_base(c)) else { continue };
+            let (window, i) = AffinitySlots::slot_of_key(key);
+            let Some((chain, group)) = chain_at.get(&(shard, window)) else { continue };
+            let Some(base) = port_base(chain) else { continue };
             let WireData::Bytes(data) = &element.data else { continue };
             if let Some(target) = target_of(table.family, data) {
-                bound.entry(base.to_string()).or_default().push((j, target));
+                bound.entry(base.to_string()).or_default().push((group * GROUP_SLOTS + i, target));
             }
         }
     }
