@@ -25,10 +25,11 @@
 //! [`GROUP_SLOTS`] slots with `M` at least 4,096 (each endpoint's share of the range at least
 //! 16 numbers). A port with more slots splits them into groups of [`GROUP_SLOTS`] (slot `j` is
 //! slot `j % 255` of group `j / 255`), each balancing in a window of its own exactly as above
-//! (group `g` at `W + g·2^20`, with the seed `SEED + g`), and a second hash, of another seed
-//! ([`GROUP_SEED`]) and modulus `S`, chooses the group in proportion to its endpoints: the window
-//! after the groups' holds, at `S·g` from its start, group `g`'s share of `S`. Every record and
-//! choice of group `g` is gated on that hash falling in group `g`'s share (`jhash … seed
+//! (with the seed `SEED + g`; each group's window is placed on its own, in any map, so the maps
+//! a group's rules look up stay as small as a shard's), and a second hash, of another seed
+//! ([`GROUP_SEED`]) and modulus `S`, chooses the group in proportion to its endpoints: a window
+//! of its own, the split's, holds at `S·g` from its start group `g`'s share of `S`. Every record
+//! and choice of group `g` is gated on that hash falling in group `g`'s share (`jhash … seed
 //! GROUP_SEED … @affinity-windows-N`), so a client is recorded and balanced in one group only. A
 //! port has at most [`MAX_GROUPS`] groups (261,120 slots); a port of up to 255 slots has one
 //! group and no gate, the shape of every small port.
@@ -62,8 +63,7 @@ pub(crate) const GROUP_SEED: u32 = 0x6772_7570;
 const GROUP_BITS: u32 = 8;
 /// Slots per group.
 pub(crate) const GROUP_SLOTS: usize = (1 << GROUP_BITS) - 1;
-/// Most groups of a port: its windows (one per group and the split's) fit a shard, and each
-/// group's part of the split is at least 1,024 numbers wide.
+/// Most groups of a port: each group's part of the split is at least 1,024 numbers wide.
 pub(crate) const MAX_GROUPS: usize = 1 << 10;
 /// Most slots of a port.
 pub(crate) const MAX_SLOTS: usize = GROUP_SLOTS * MAX_GROUPS;
@@ -183,13 +183,6 @@ impl AffinitySlots {
         self.groups() > 1
     }
 
-    /// How many windows each of the port's balancing chains needs: one per group and, with
-    /// more than one group, one for the split between them.
-    pub(crate) fn span(&self) -> u32 {
-        let groups = u32::try_from(self.groups()).unwrap_or(u32::MAX);
-        if self.grouped() { groups + 1 } else { 1 }
-    }
-
     /// Slot `j`'s group and its place in the group.
     pub(crate) fn group_of(j: usize) -> (usize, usize) {
         (j / GROUP_SLOTS, j % GROUP_SLOTS)
@@ -206,26 +199,21 @@ impl AffinitySlots {
         WINDOW / parts.min(1 << GROUP_BITS)
     }
 
-    /// The window of group `g` of a chain with its (first) window at `window`.
-    pub(crate) fn group_window(window: u32, g: usize) -> u32 {
-        window + WINDOW * u32::try_from(g).unwrap_or(0)
-    }
-
     /// The seed of group `g`'s hash.
     pub(crate) fn seed(g: usize) -> u32 {
         SEED.wrapping_add(u32::try_from(g).unwrap_or(0))
     }
 
-    /// Group `g`'s choice in a chain with its window at `window`.
+    /// Group `g`'s choice in a chain with the group's window at `window`.
     pub(crate) fn choice(&self, window: u32, g: usize) -> Jhash {
-        Jhash { modulus: self.modulus(g), seed: Self::seed(g), offset: Self::group_window(window, g) }
+        Jhash { modulus: self.modulus(g), seed: Self::seed(g), offset: window }
     }
 
-    /// Slot `j`'s record in a chain with its window at `window`: its group's hash, moved to the
-    /// slot's own part of the group's window.
+    /// Slot `j`'s record in a chain with its group's window at `window`: the group's hash,
+    /// moved to the slot's own part of the window.
     pub(crate) fn record(&self, window: u32, j: usize) -> Jhash {
         let (g, _) = Self::group_of(j);
-        Jhash { modulus: self.modulus(g), seed: Self::seed(g), offset: Self::group_window(window, g) + self.shift(j) }
+        Jhash { modulus: self.modulus(g), seed: Self::seed(g), offset: window + self.shift(j) }
     }
 
     /// How far slot `j`'s hash ranges sit above its group's choice.
@@ -240,19 +228,17 @@ impl AffinitySlots {
         WINDOW / groups
     }
 
-    /// The gate of group `g` in a chain with its window at `window` (grouped slots only): the
-    /// split's hash, moved to the group's part of the window after the groups'.
-    pub(crate) fn group_check(&self, window: u32, g: usize) -> Jhash {
-        let split = Self::group_window(window, self.groups());
+    /// The gate of group `g` in a chain with the split's window at `split` (grouped slots
+    /// only): the split's hash, moved to the group's part of that window.
+    pub(crate) fn group_check(&self, split: u32, g: usize) -> Jhash {
         let offset = split + self.split_modulus() * u32::try_from(g).unwrap_or(0);
         Jhash { modulus: self.split_modulus(), seed: GROUP_SEED, offset }
     }
 
-    /// Slot `j`'s key in the targets map, for a chain with its window at `window`: its place in
-    /// its group's window.
+    /// Slot `j`'s key in the targets map, for a chain with its group's window at `window`: its
+    /// place in the group.
     pub(crate) fn target_key(window: u32, j: usize) -> u32 {
-        let (g, i) = Self::group_of(j);
-        Self::group_window(window, g) + u32::try_from(i).unwrap_or(0)
+        window + u32::try_from(Self::group_of(j).1).unwrap_or(0)
     }
 
     /// The window a targets key belongs to (a group's), and the key's place in it.
@@ -346,7 +332,7 @@ mod tests {
     #[test]
     fn a_window_holds_the_choice_and_every_slot() {
         let s = AffinitySlots::seat(None, &(1..=10).map(ep).collect::<Vec<_>>());
-        assert_eq!((s.capacity(), s.modulus(0), s.groups(), s.span()), (13, 1 << 16, 1, 1));
+        assert_eq!((s.capacity(), s.modulus(0), s.groups()), (13, 1 << 16, 1));
         assert_eq!(s.choice(5 * WINDOW, 0), Jhash { modulus: 1 << 16, seed: SEED, offset: 5 * WINDOW });
         let last = s.record(5 * WINDOW, s.capacity() - 1);
         assert!(last.offset + last.modulus <= 6 * WINDOW, "the last slot ends inside the window");
@@ -364,32 +350,24 @@ mod tests {
     #[test]
     fn a_port_of_up_to_255_slots_has_one_group_and_larger_ones_a_group_per_255() {
         let one = AffinitySlots::seat(None, &many(204));
-        assert_eq!((one.capacity(), one.groups(), one.grouped(), one.span()), (255, 1, false, 1));
+        assert_eq!((one.capacity(), one.groups(), one.grouped()), (255, 1, false));
         assert_eq!(one.modulus(0), WINDOW >> 8, "255 slots and the choice: 256 parts");
         let two = AffinitySlots::seat(None, &many(205));
-        assert_eq!((two.capacity(), two.groups(), two.span()), (257, 2, 3));
+        assert_eq!((two.capacity(), two.groups()), (257, 2));
         assert_eq!((two.group_capacity(0), two.group_capacity(1)), (255, 2));
         assert_eq!((two.modulus(0), two.modulus(1)), (WINDOW >> 8, WINDOW >> 2));
         assert_eq!(two.split_modulus(), WINDOW >> 1);
-        // Slot 256 is the second of group 1, in the window after group 0's.
+        // Slot 256 is the second of group 1, whose window is at w.
         let w = 7 * WINDOW;
-        assert_eq!(AffinitySlots::target_key(w, 256), w + WINDOW + 1);
-        assert_eq!(
-            two.record(w, 256),
-            Jhash { modulus: WINDOW >> 2, seed: SEED + 1, offset: w + WINDOW + 2 * (WINDOW >> 2) }
-        );
-        assert_eq!(two.choice(w, 1), Jhash { modulus: WINDOW >> 2, seed: SEED + 1, offset: w + WINDOW });
-        // The split's window follows the groups'.
-        assert_eq!(two.group_check(w, 0), Jhash { modulus: WINDOW >> 1, seed: GROUP_SEED, offset: w + 2 * WINDOW });
-        assert_eq!(
-            two.group_check(w, 1),
-            Jhash { modulus: WINDOW >> 1, seed: GROUP_SEED, offset: w + 2 * WINDOW + (WINDOW >> 1) }
-        );
+        assert_eq!(AffinitySlots::target_key(w, 256), w + 1);
+        assert_eq!(two.record(w, 256), Jhash { modulus: WINDOW >> 2, seed: SEED + 1, offset: w + 2 * (WINDOW >> 2) });
+        assert_eq!(two.choice(w, 1), Jhash { modulus: WINDOW >> 2, seed: SEED + 1, offset: w });
+        // The split's window: a part per group.
+        assert_eq!(two.group_check(w, 0), Jhash { modulus: WINDOW >> 1, seed: GROUP_SEED, offset: w });
+        assert_eq!(two.group_check(w, 1), Jhash { modulus: WINDOW >> 1, seed: GROUP_SEED, offset: w + (WINDOW >> 1) });
         for j in 0..two.capacity() {
             let r = two.record(w, j);
-            let (g, _) = AffinitySlots::group_of(j);
-            let group = AffinitySlots::group_window(w, g);
-            assert!(r.offset >= group + r.modulus && r.offset + r.modulus <= group + WINDOW, "slot {j}");
+            assert!(r.offset >= w + r.modulus && r.offset + r.modulus <= w + WINDOW, "slot {j}");
         }
     }
 
@@ -397,7 +375,7 @@ mod tests {
     fn thousands_of_endpoints_all_get_slots() {
         let eps = many(5000);
         let s = AffinitySlots::seat(None, &eps);
-        assert_eq!((s.capacity(), s.groups(), s.span()), (6250, 25, 26));
+        assert_eq!((s.capacity(), s.groups()), (6250, 25));
         assert_eq!(s.index().len(), 5000, "every endpoint has a slot");
         assert!((0..s.groups()).all(|g| s.modulus(g) >= WINDOW >> 8), "each group's hash range stays wide");
         let grown = AffinitySlots::seat(Some(&s), &many(6000));
@@ -430,11 +408,10 @@ mod tests {
     fn endpoints_past_the_largest_capacity_get_no_slot() {
         let eps = many(u32::try_from(MAX_SLOTS).unwrap() + 10);
         let s = AffinitySlots::seat(None, &eps);
-        assert_eq!((s.capacity(), s.groups(), s.span()), (MAX_SLOTS, MAX_GROUPS, 1025));
+        assert_eq!((s.capacity(), s.groups()), (MAX_SLOTS, MAX_GROUPS));
         let index = s.index();
         assert_eq!(index.get(&eps[MAX_SLOTS - 1]), Some(&(MAX_SLOTS - 1)));
         assert_eq!(index.get(&eps[MAX_SLOTS]), None);
         assert_eq!(s.split_modulus(), WINDOW >> 10);
-        assert!(s.span() <= super::super::placement::SHARD_WINDOWS, "a port's windows fit a shard");
     }
 }

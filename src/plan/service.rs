@@ -9,7 +9,7 @@ use ipnet::IpNet;
 use super::affinity::{AffinityDemand, AffinityId, AffinitySlots, weighted_ranges};
 use super::endpoints::{Categorized, NodeView, categorize};
 use super::objects::*;
-use super::placement::{self, Demands, SlotLookup, WindowDemand, WindowId};
+use super::placement::{self, Demands, SPLIT, Slot, SlotLookup, WindowDemand, WindowId};
 use super::{Fragment, PlanInput, ServicePlan, external_local_short_circuits, goto, jump, names};
 use crate::model::{Endpoint, ServicePort};
 use crate::net::IpFamily;
@@ -80,17 +80,20 @@ impl<'a> PortPlan<'a> {
         if self.balanced() {
             return;
         }
-        let mut demand = |chain: String, n: usize| {
-            let id = WindowId { family: self.family, chain };
-            let (endpoints, port) = (u32::try_from(n).unwrap_or(u32::MAX), Some(self.affinity_id()));
-            out.windows.push(WindowDemand { id, endpoints, port });
+        let mut demand = |chain: String, endpoints: &[Endpoint]| {
+            out.windows.push(WindowDemand {
+                family: self.family,
+                chain,
+                port: Some(self.affinity_id()),
+                endpoints: endpoints.iter().map(|ep| (ep.ip, ep.port)).collect(),
+            });
         };
         let (cluster, local) = (self.uses_cluster_chain(), self.uses_local_chain());
         if cluster {
-            demand(format!("service-{}", self.base), self.cat.cluster.len());
+            demand(format!("service-{}", self.base), &self.cat.cluster);
         }
         if local {
-            demand(format!("local-{}", self.base), self.cat.local.len());
+            demand(format!("local-{}", self.base), &self.cat.local);
         }
         if cluster || local {
             out.affinity.push(AffinityDemand {
@@ -343,9 +346,15 @@ impl<'a> PortPlan<'a> {
     ) {
         let family = self.family;
         let mut chain = Chain::regular(chain_name, owner.clone());
-        let window = slots.slot(&WindowId { family, chain: chain_name.to_string() });
         let seats = slots.affinity(&self.affinity_id());
-        let (Some(window), Some(seats)) = (window, seats) else {
+        // The windows: one per slot group, and the split's when there are several groups.
+        let windows: Option<(Vec<Slot>, Option<Slot>)> = seats.and_then(|seats| {
+            let window = |part: u32| slots.slot(&WindowId::new(family, chain_name, part));
+            let groups = (0..seats.groups()).map(|g| window(u32::try_from(g).ok()?)).collect::<Option<Vec<Slot>>>()?;
+            let split = if seats.grouped() { Some(window(SPLIT)?) } else { None };
+            Some((groups, split))
+        });
+        let (Some(seats), Some((groups, split))) = (seats, windows) else {
             tracing::error!(
                 chain = chain_name,
                 "no endpoint window or affinity slots placed for a balancing chain; using its first endpoint"
@@ -367,62 +376,69 @@ impl<'a> PortPlan<'a> {
                 "more endpoints than a port with session affinity has slots: the rest get no traffic"
             );
         }
-        let shard = window.shard;
-        let (endpoint_map, windows_map, targets_map) =
-            (SharedSet::EndpointMap(shard), SharedSet::SlotWindows(shard), SharedSet::SlotTargets(shard));
+        // Each group's maps are those of the shard its window is in.
+        let maps = |window: Slot| {
+            (
+                SharedSet::EndpointMap(window.shard),
+                SharedSet::SlotWindows(window.shard),
+                SharedSet::SlotTargets(window.shard),
+            )
+        };
+        let name = |set: SharedSet| set.name().into_owned();
         let l4proto = Stmt::Cmp { sel: Selector::L4Proto, op: CmpOp::Eq, value: Value::Proto(self.sp.name.protocol) };
         let clients = names::affinity_set(&self.base);
-        let (targets, windows) = (targets_map.name().into_owned(), windows_map.name().into_owned());
         let slot_number = |j: usize| u32::try_from(j).unwrap_or(u32::MAX);
         // With several groups, every record and choice of group g first checks that the split's
         // hash falls in g's share.
         let gate = |g: usize| {
-            seats.grouped().then(|| Stmt::HashLookup {
+            split.map(|split| Stmt::HashLookup {
                 family,
-                hash: seats.group_check(window.offset, g),
-                set: windows.clone(),
+                hash: seats.group_check(split.offset, g),
+                set: name(SharedSet::SlotWindows(split.shard)),
             })
         };
         for j in 0..seats.capacity() {
-            let (slot, key) = (slot_number(j), AffinitySlots::target_key(window.offset, j));
+            let window = groups[AffinitySlots::group_of(j).0];
+            let (slot, key, targets) =
+                (slot_number(j), AffinitySlots::target_key(window.offset, j), name(maps(window).2));
             chain.push(Rule::new(vec![
                 Stmt::SlotLookup { family, slot, set: clients.clone() },
                 Stmt::KeyLookup { key, set: targets.clone() },
                 Stmt::UpdateSlot { family, slot, set: clients.clone() },
                 l4proto.clone(),
-                Stmt::DnatKeyMap { family, key, map: targets.clone() },
+                Stmt::DnatKeyMap { family, key, map: targets },
             ]));
         }
         for j in 0..seats.capacity() {
-            let (g, _) = AffinitySlots::group_of(j);
+            let g = AffinitySlots::group_of(j).0;
+            let window = groups[g];
             let mut stmts: Vec<Stmt> = gate(g).into_iter().collect();
-            stmts.push(Stmt::HashLookup { family, hash: seats.record(window.offset, j), set: windows.clone() });
+            stmts.push(Stmt::HashLookup { family, hash: seats.record(window.offset, j), set: name(maps(window).1) });
             stmts.push(Stmt::UpdateSlot { family, slot: slot_number(j), set: clients.clone() });
             chain.push(Rule::new(stmts));
         }
-        let map = endpoint_map.name().into_owned();
         let proto = self.sp.name.protocol;
-        for g in 0..seats.groups() {
+        for (g, window) in groups.iter().enumerate() {
             let mut stmts: Vec<Stmt> = gate(g).into_iter().collect();
-            stmts.push(Stmt::DnatHashMap { family, proto, hash: seats.choice(window.offset, g), map: map.clone() });
+            let (hash, map) = (seats.choice(window.offset, g), name(maps(*window).0));
+            stmts.push(Stmt::DnatHashMap { family, proto, hash, map });
             chain.push(Rule::new(stmts).with_comment(&**comment));
         }
         // Each group's endpoints split its hash range, in planning order.
-        let mut groups: Vec<Vec<(&Endpoint, usize)>> = vec![Vec::new(); seats.groups()];
+        let mut members: Vec<Vec<(&Endpoint, usize)>> = vec![Vec::new(); seats.groups()];
         for (ep, j) in seated {
-            if let Some(members) = groups.get_mut(AffinitySlots::group_of(j).0) {
-                members.push((ep, j));
+            if let Some(group) = members.get_mut(AffinitySlots::group_of(j).0) {
+                group.push((ep, j));
             }
         }
         let element = |data: Element| data.with_comment(Arc::clone(comment));
-        for (g, members) in groups.iter().enumerate() {
-            let n = u32::try_from(members.len()).unwrap_or(u32::MAX);
+        for (g, (group, window)) in members.iter().zip(&groups).enumerate() {
+            let n = u32::try_from(group.len()).unwrap_or(u32::MAX);
             if n == 0 {
                 continue;
             }
-            let group_window = AffinitySlots::group_window(window.offset, g);
-            let ranges = placement::ranges_in(group_window, n, seats.modulus(g));
-            for ((lo, hi), (ep, j)) in ranges.into_iter().zip(members) {
+            let (endpoint_map, windows_map, targets_map) = maps(*window);
+            for ((lo, hi), (ep, j)) in placement::ranges_in(window.offset, n, seats.modulus(g)).into_iter().zip(group) {
                 let target = || vec![Value::Addr(ep.ip), Value::Port(ep.port)];
                 table.add(
                     endpoint_map,
@@ -439,15 +455,15 @@ impl<'a> PortPlan<'a> {
                 table.add(targets_map, vec![Value::Index(key)], element(Element::values(target(), owner.clone())));
             }
         }
-        if seats.grouped() {
+        if let Some(split) = split {
             // The split: each group's share of the split's range in proportion to its endpoints,
             // at the group's own offset (its gate's).
-            let weights: Vec<u32> = groups.iter().map(|m| u32::try_from(m.len()).unwrap_or(u32::MAX)).collect();
+            let weights: Vec<u32> = members.iter().map(|m| u32::try_from(m.len()).unwrap_or(u32::MAX)).collect();
             for (g, range) in weighted_ranges(seats.split_modulus(), &weights).into_iter().enumerate() {
                 let Some((lo, hi)) = range else { continue };
-                let at = seats.group_check(window.offset, g).offset;
+                let at = seats.group_check(split.offset, g).offset;
                 table.add(
-                    windows_map,
+                    SharedSet::SlotWindows(split.shard),
                     vec![Value::IndexRange(at + lo, at + hi)],
                     element(Element::key_only(owner.clone())),
                 );

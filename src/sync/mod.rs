@@ -38,7 +38,7 @@ use crate::nft::wire::{NumgenWindow, WireData, WireKey, address_from_bytes};
 use crate::nft::wire::{WireRuleset, WireTable, consts};
 use crate::nodeaddr::NodePortTargets;
 use crate::plan::affinity::{AffinityId, AffinitySlots, GROUP_SLOTS, SlotTarget};
-use crate::plan::placement::{Demands, Placed, Placement, Slot, SlotFlush, WindowId};
+use crate::plan::placement::{Demands, Placed, Placement, SPLIT, Slot, SlotFlush, WindowId};
 use crate::plan::{self, ConntrackTarget, HealthCheck, PlanInput, PlanStats, SharedSet};
 use delta::{Delta, View};
 use programmed::{Change, Fragments, Programmed, ProgrammedService};
@@ -800,35 +800,41 @@ fn found_placement(kernel: &WireRuleset) -> Placed {
     out
 }
 
-/// The endpoint windows of one table's balancing rules: each chain's first window (its first
-/// slot group's; a chain with several groups has a choice per group, one window apart).
+/// The endpoint windows of one table's balancing rules: a chain's choices, in rule order, are
+/// its slot groups' windows (one, unless its port has more than 255 slots), and the gate of its
+/// first choice, if any, is in the split's window.
 fn found_windows(family: IpFamily, rules: &[NumgenWindow]) -> Vec<(WindowId, Slot)> {
-    let mut first: BTreeMap<&str, Slot> = BTreeMap::new();
-    for (chain, slot) in choices(rules) {
-        let at = first.entry(chain).or_insert(slot);
-        if (slot.shard, slot.offset) < (at.shard, at.offset) {
-            *at = slot;
+    let window = plan::placement::WINDOW;
+    let mut choices: BTreeMap<&str, Vec<(usize, Slot)>> = BTreeMap::new();
+    for found in rules {
+        let Some(SharedSet::EndpointMap(shard)) = SharedSet::from_name(&found.map) else { continue };
+        if !AffinitySlots::is_modulus(found.modulus) || found.offset % window != 0 {
+            continue;
+        }
+        choices.entry(found.chain.as_str()).or_default().push((found.rule, Slot { shard, offset: found.offset }));
+    }
+    let mut out = Vec::new();
+    for (chain, mut groups) in choices {
+        groups.sort_by_key(|(rule, _)| *rule);
+        let gate = rules.iter().find_map(|r| {
+            let first = groups.first()?.0;
+            let Some(SharedSet::SlotWindows(shard)) = SharedSet::from_name(&r.map) else { return None };
+            (r.chain == chain && r.rule == first).then(|| Slot { shard, offset: r.offset - r.offset % window })
+        });
+        for (g, (_, slot)) in groups.into_iter().enumerate() {
+            out.push((WindowId::new(family, chain, u32::try_from(g).unwrap_or(u32::MAX)), slot));
+        }
+        if let Some(split) = gate {
+            out.push((WindowId::new(family, chain, SPLIT), split));
         }
     }
-    first.into_iter().map(|(chain, slot)| (WindowId { family, chain: chain.to_string() }, slot)).collect()
-}
-
-/// The choices of the balancing chains: a hash looked up in an `affinity-endpoints-N` map at the
-/// start of a window, with a modulus nftproxy writes.
-fn choices(rules: &[NumgenWindow]) -> impl Iterator<Item = (&str, Slot)> {
-    rules.iter().filter_map(|found| {
-        let Some(SharedSet::EndpointMap(shard)) = SharedSet::from_name(&found.map) else { return None };
-        if !AffinitySlots::is_modulus(found.modulus) || found.offset % plan::placement::WINDOW != 0 {
-            return None;
-        }
-        Some((found.chain.as_str(), Slot { shard, offset: found.offset }))
-    })
+    out
 }
 
 /// The affinity slots of one table: the slot count from a balancing chain's record rules (one
 /// per slot: the rules that look a hash up in `affinity-windows-N` and not in
-/// `affinity-endpoints-N`), the bindings from the `affinity-targets-N` maps (a key in the window
-/// of the chain's slot group `g` at place `i` is slot `255·g + i`).
+/// `affinity-endpoints-N`), the bindings from the `affinity-targets-N` maps (a key at place `i` of
+/// the window of the chain's slot group `g` is slot `255·g + i`).
 fn found_affinity(
     table: &WireTable,
     rules: &[NumgenWindow],
@@ -858,14 +864,10 @@ fn found_affinity(
         }
     }
     // Every group window of every chain: (shard, offset) → (chain, group).
-    let first: BTreeMap<&str, Slot> = windows.iter().map(|(id, slot)| (id.chain.as_str(), *slot)).collect();
-    let window = plan::placement::WINDOW;
-    let chain_at: BTreeMap<(u32, u32), (&str, usize)> = choices(rules)
-        .filter_map(|(chain, slot)| {
-            let start = first.get(chain).filter(|s| s.shard == slot.shard)?;
-            let group = usize::try_from(slot.offset.checked_sub(start.offset)? / window).ok()?;
-            Some(((slot.shard, slot.offset), (chain, group)))
-        })
+    let chain_at: BTreeMap<(u32, u32), (&str, usize)> = windows
+        .iter()
+        .filter(|(id, _)| id.part != SPLIT)
+        .map(|(id, slot)| ((slot.shard, slot.offset), (id.chain.as_str(), id.part as usize)))
         .collect();
     let mut bound: BTreeMap<String, Vec<(usize, SlotTarget)>> = BTreeMap::new();
     for set in table.sets.values() {

@@ -122,7 +122,7 @@ fn windows_found_in_the_kernel_are_read_from_its_balancing_rules() {
     table.add_set(targets);
     let kernel = lower_ruleset(&Ruleset { tables: vec![table] });
     let crate::plan::placement::Placed { windows: found, affinity } = found_placement(&kernel);
-    let id = |chain: &str| WindowId { family: IpFamily::V4, chain: chain.to_string() };
+    let id = |chain: &str| WindowId::new(IpFamily::V4, chain, 0);
     // The `endpoints-N` windows of an earlier version's chains are not read: nothing uses them
     // (the restart deletes those chains and maps).
     assert_eq!(
