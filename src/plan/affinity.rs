@@ -24,15 +24,17 @@
 //! **Groups.** Each slot needs its own copy of the choice's range, so one window holds at most
 //! [`GROUP_SLOTS`] slots with `M` at least 4,096 (each endpoint's share of the range at least
 //! 16 numbers). A port with more slots splits them into groups of [`GROUP_SLOTS`] (slot `j` is
-//! slot `j % 255` of group `j / 255`), each balancing in a window of its own exactly as above
-//! (with the seed `SEED + g`; each group's window is placed on its own, in any map, so the maps
-//! a group's rules look up stay as small as a shard's), and a second hash, of another seed
-//! ([`GROUP_SEED`]) and modulus `S`, chooses the group in proportion to its endpoints: a window
-//! of its own, the split's, holds at `S·g` from its start group `g`'s share of `S`. Every record
-//! and choice of group `g` is gated on that hash falling in group `g`'s share (`jhash … seed
-//! GROUP_SEED … @affinity-windows-N`), so a client is recorded and balanced in one group only. A
-//! port has at most [`MAX_GROUPS`] groups (261,120 slots); a port of up to 255 slots has one
-//! group and no gate, the shape of every small port.
+//! slot `j % 255` of group `j / 255`). The sticky checks stay in the chain, one per slot; each
+//! group's records and choice, exactly as above with the seed `SEED + g` and a window of the
+//! group's own (placed on its own, in any map, so the maps a group's rules look up stay as
+//! small as a shard's), are in a chain of the group's own (`…_gG`). After the sticky checks, a
+//! second hash, of another seed ([`GROUP_SEED`]) and modulus `S`, picks the group in proportion
+//! to its endpoints: one rule per group, `jhash … seed GROUP_SEED … @affinity-windows-N goto
+//! …_gG`, the split's window holding at `S·g` from its start group `g`'s share of `S`. So a
+//! client is recorded and balanced in one group, and a new client passes one gate per group
+//! and its group's records, not every slot's record. A port has at most [`MAX_GROUPS`] groups
+//! (261,120 slots); a port of up to 255 slots has one group, no group chain and no gate, the
+//! shape of every small port.
 //!
 //! C leaves room for a quarter more endpoints, rounded up (at least one: a rolling update's
 //! surge), grows when they outgrow it and shrinks when it is more than twice what they need;

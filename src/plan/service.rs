@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use ipnet::IpNet;
 
-use super::affinity::{AffinityDemand, AffinityId, AffinitySlots, weighted_ranges};
+use super::affinity::{AffinityDemand, AffinityId, AffinitySlots, GROUP_SLOTS, weighted_ranges};
 use super::endpoints::{Categorized, NodeView, categorize};
 use super::objects::*;
 use super::placement::{self, Demands, SPLIT, Slot, SlotLookup, WindowDemand, WindowId};
@@ -388,15 +388,6 @@ impl<'a> PortPlan<'a> {
         let l4proto = Stmt::Cmp { sel: Selector::L4Proto, op: CmpOp::Eq, value: Value::Proto(self.sp.name.protocol) };
         let clients = names::affinity_set(&self.base);
         let slot_number = |j: usize| u32::try_from(j).unwrap_or(u32::MAX);
-        // With several groups, every record and choice of group g first checks that the split's
-        // hash falls in g's share.
-        let gate = |g: usize| {
-            split.map(|split| Stmt::HashLookup {
-                family,
-                hash: seats.group_check(split.offset, g),
-                set: name(SharedSet::SlotWindows(split.shard)),
-            })
-        };
         for j in 0..seats.capacity() {
             let window = groups[AffinitySlots::group_of(j).0];
             let (slot, key, targets) =
@@ -409,20 +400,32 @@ impl<'a> PortPlan<'a> {
                 Stmt::DnatKeyMap { family, key, map: targets },
             ]));
         }
-        for j in 0..seats.capacity() {
-            let g = AffinitySlots::group_of(j).0;
-            let window = groups[g];
-            let mut stmts: Vec<Stmt> = gate(g).into_iter().collect();
-            stmts.push(Stmt::HashLookup { family, hash: seats.record(window.offset, j), set: name(maps(window).1) });
-            stmts.push(Stmt::UpdateSlot { family, slot: slot_number(j), set: clients.clone() });
-            chain.push(Rule::new(stmts));
-        }
+        // Per group its records and its choice: in the chain itself with one group; with several,
+        // in a chain per group, which the chain reaches by the split's hash (one `goto` each).
         let proto = self.sp.name.protocol;
+        let mut group_chains = Vec::new();
         for (g, window) in groups.iter().enumerate() {
-            let mut stmts: Vec<Stmt> = gate(g).into_iter().collect();
+            let first = g * GROUP_SLOTS;
+            let mut rules: Vec<Rule> = (first..first + seats.group_capacity(g))
+                .map(|j| {
+                    Rule::new(vec![
+                        Stmt::HashLookup { family, hash: seats.record(window.offset, j), set: name(maps(*window).1) },
+                        Stmt::UpdateSlot { family, slot: slot_number(j), set: clients.clone() },
+                    ])
+                })
+                .collect();
             let (hash, map) = (seats.choice(window.offset, g), name(maps(*window).0));
-            stmts.push(Stmt::DnatHashMap { family, proto, hash, map });
-            chain.push(Rule::new(stmts).with_comment(&**comment));
+            rules.push(Rule::new(vec![Stmt::DnatHashMap { family, proto, hash, map }]).with_comment(&**comment));
+            let Some(split) = split else {
+                rules.into_iter().for_each(|r| chain.push(r));
+                continue;
+            };
+            let group_name = names::group_chain(chain_name, g);
+            let (hash, set) = (seats.group_check(split.offset, g), name(SharedSet::SlotWindows(split.shard)));
+            chain.push(Rule::new(vec![Stmt::HashLookup { family, hash, set }, goto(&group_name)]));
+            let mut group_chain = Chain::regular(&group_name, owner.clone());
+            rules.into_iter().for_each(|r| group_chain.push(r));
+            group_chains.push(group_chain);
         }
         // Each group's endpoints split its hash range, in planning order.
         let mut members: Vec<Vec<(&Endpoint, usize)>> = vec![Vec::new(); seats.groups()];
@@ -469,6 +472,8 @@ impl<'a> PortPlan<'a> {
                 );
             }
         }
+        // The group chains first, so that the chain's gotos name existing chains.
+        group_chains.into_iter().for_each(|c| table.own.add_chain(c));
         table.own.add_chain(chain);
     }
 }

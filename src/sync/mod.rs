@@ -39,7 +39,7 @@ use crate::nft::wire::{WireRuleset, WireTable, consts};
 use crate::nodeaddr::NodePortTargets;
 use crate::plan::affinity::{AffinityId, AffinitySlots, GROUP_SLOTS, SlotTarget};
 use crate::plan::placement::{Demands, Placed, Placement, SPLIT, Slot, SlotFlush, WindowId};
-use crate::plan::{self, ConntrackTarget, HealthCheck, PlanInput, PlanStats, SharedSet};
+use crate::plan::{self, ConntrackTarget, HealthCheck, PlanInput, PlanStats, SharedSet, names};
 use delta::{Delta, View};
 use programmed::{Change, Fragments, Programmed, ProgrammedService};
 pub use status::{FamilyEndpoints, PortState, PortStatus, StatusQuery, SyncStatus};
@@ -800,41 +800,52 @@ fn found_placement(kernel: &WireRuleset) -> Placed {
     out
 }
 
-/// The endpoint windows of one table's balancing rules: a chain's choices, in rule order, are
-/// its slot groups' windows (one, unless its port has more than 255 slots), and the gate of its
-/// first choice, if any, is in the split's window.
+/// The endpoint windows of one table's balancing rules: a chain's choice is its window (its
+/// slot group 0's); a chain whose port has more than 255 slots has a chain per slot group
+/// (`…_gG`), whose choice is group G's window, and reaches them through the split's window (the
+/// offset of its first lookup in `affinity-windows-N`).
 fn found_windows(family: IpFamily, rules: &[NumgenWindow]) -> Vec<(WindowId, Slot)> {
     let window = plan::placement::WINDOW;
-    let mut choices: BTreeMap<&str, Vec<(usize, Slot)>> = BTreeMap::new();
+    let mut out: BTreeMap<(&str, u32), Slot> = BTreeMap::new();
     for found in rules {
         let Some(SharedSet::EndpointMap(shard)) = SharedSet::from_name(&found.map) else { continue };
         if !AffinitySlots::is_modulus(found.modulus) || found.offset % window != 0 {
             continue;
         }
-        choices.entry(found.chain.as_str()).or_default().push((found.rule, Slot { shard, offset: found.offset }));
+        let (chain, part) = match names::of_group_chain(&found.chain) {
+            Some((chain, g)) => (chain, u32::try_from(g).unwrap_or(u32::MAX)),
+            None => (found.chain.as_str(), 0),
+        };
+        out.entry((chain, part)).or_insert(Slot { shard, offset: found.offset });
     }
-    let mut out = Vec::new();
-    for (chain, mut groups) in choices {
-        groups.sort_by_key(|(rule, _)| *rule);
-        let gate = rules.iter().find_map(|r| {
-            let first = groups.first()?.0;
-            let Some(SharedSet::SlotWindows(shard)) = SharedSet::from_name(&r.map) else { return None };
-            (r.chain == chain && r.rule == first).then(|| Slot { shard, offset: r.offset - r.offset % window })
-        });
-        for (g, (_, slot)) in groups.into_iter().enumerate() {
-            out.push((WindowId::new(family, chain, u32::try_from(g).unwrap_or(u32::MAX)), slot));
-        }
-        if let Some(split) = gate {
-            out.push((WindowId::new(family, chain, SPLIT), split));
+    let grouped = grouped_chains(rules);
+    let mut first: BTreeMap<&str, &NumgenWindow> = BTreeMap::new();
+    for found in rules.iter().filter(|r| grouped.contains(r.chain.as_str())) {
+        if matches!(SharedSet::from_name(&found.map), Some(SharedSet::SlotWindows(_))) {
+            let at = first.entry(found.chain.as_str()).or_insert(found);
+            if found.rule < at.rule {
+                *at = found;
+            }
         }
     }
-    out
+    for (chain, found) in first {
+        if let Some(SharedSet::SlotWindows(shard)) = SharedSet::from_name(&found.map) {
+            out.insert((chain, SPLIT), Slot { shard, offset: found.offset - found.offset % window });
+        }
+    }
+    out.into_iter().map(|((chain, part), slot)| (WindowId::new(family, chain, part), slot)).collect()
+}
+
+/// The balancing chains that have chains per slot group.
+fn grouped_chains(rules: &[NumgenWindow]) -> BTreeSet<&str> {
+    rules.iter().filter_map(|r| Some(names::of_group_chain(&r.chain)?.0)).collect()
 }
 
 /// The affinity slots of one table: the slot count from a balancing chain's record rules (one
 /// per slot: the rules that look a hash up in `affinity-windows-N` and not in
-/// `affinity-endpoints-N`), the bindings from the `affinity-targets-N` maps (a key at place `i` of
-/// the window of the chain's slot group `g` is slot `255·g + i`).
+/// `affinity-endpoints-N`, in the chain or its group chains), the bindings from the
+/// `affinity-targets-N` maps (a key at place `i` of the window of slot group `g` is slot
+/// `255·g + i`).
 fn found_affinity(
     table: &WireTable,
     rules: &[NumgenWindow],
@@ -845,14 +856,17 @@ fn found_affinity(
         .filter(|r| matches!(SharedSet::from_name(&r.map), Some(SharedSet::EndpointMap(_))))
         .map(|r| (r.chain.as_str(), r.rule))
         .collect();
+    let grouped = grouped_chains(rules);
+    // A grouped chain's own lookups in `affinity-windows-N` choose the group: not records.
     let record_rules: BTreeSet<(&str, usize)> = rules
         .iter()
         .filter(|r| matches!(SharedSet::from_name(&r.map), Some(SharedSet::SlotWindows(_))))
         .map(|r| (r.chain.as_str(), r.rule))
-        .filter(|rule| !choice_rules.contains(rule))
+        .filter(|rule| !choice_rules.contains(rule) && !grouped.contains(rule.0))
         .collect();
     let mut records: BTreeMap<&str, usize> = BTreeMap::new();
     for (chain, _) in record_rules {
+        let chain = names::of_group_chain(chain).map_or(chain, |(chain, _)| chain);
         *records.entry(chain).or_default() += 1;
     }
     let mut capacity: BTreeMap<String, usize> = BTreeMap::new();
