@@ -207,6 +207,28 @@ fn every_shape(family: IpFamily) -> Table {
         }])
         .with_comment("ns1/svc1:dns"),
     );
+    // Slot groups: the split's hash (another seed) goes to a group's chain, with its records
+    // and its choice.
+    let gate = Jhash { modulus: 524_288, seed: 0x6772_7570, offset: 2_162_688 };
+    b.push(Rule::new(vec![
+        Stmt::HashLookup { family, hash: gate, set: "affinity-windows-0".into() },
+        Stmt::Verdict(Verdict::Goto("service-B_g1".into())),
+    ]));
+    let mut group = Chain::regular("service-B_g1", own.clone());
+    group.push(Rule::new(vec![
+        Stmt::HashLookup { family, hash: hash(2_129_920), set: "affinity-windows-0".into() },
+        Stmt::UpdateSlot { family, slot: 256, set: "affinity-1".into() },
+    ]));
+    group.push(
+        Rule::new(vec![Stmt::DnatHashMap {
+            family,
+            proto: L4Proto::Tcp,
+            hash: Jhash { modulus: 4096, seed: 0x6e66_7471, offset: 2_097_152 },
+            map: "endpoints-A".into(),
+        }])
+        .with_comment("ns1/svc1:p80"),
+    );
+    t.add_chain(group);
     t.add_chain(b);
     let mut e1 = Chain::regular("endpoint-1", own.clone());
     e1.push(Rule::new(vec![

@@ -50,6 +50,120 @@ fn session_affinity_holds_and_moves_when_the_endpoint_goes() {
     assert!(lab.tally("client", L4Proto::Tcp, "10.96.0.10:80", 60).by_backend.len() > 1);
 }
 
+/// `big/many` (ClusterIP 10.96.0.30, 80/TCP → 9090) with ClientIP affinity over `n` endpoints
+/// 10.245.x.y, all on node2.
+fn many_endpoints_yaml(n: u32) -> String {
+    let endpoints: String = (0..n)
+        .map(|i| format!("  - addresses: [\"10.245.{}.{}\"]\n    nodeName: node2\n", i / 250, i % 250 + 1))
+        .collect();
+    format!(
+        "apiVersion: v1\nkind: Service\nmetadata: {{name: many, namespace: big}}\nspec:\n  clusterIP: 10.96.0.30\n  sessionAffinity: ClientIP\n  ports:\n  - {{name: http, port: 80, protocol: TCP, targetPort: 9090}}\n---\napiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata:\n  name: many-1\n  namespace: big\n  labels: {{kubernetes.io/service-name: many}}\naddressType: IPv4\nports:\n- {{name: http, port: 9090, protocol: TCP}}\nendpoints:\n{endpoints}"
+    )
+}
+
+/// One TCP connection to `target` from `source` (an address of the calling thread's namespace);
+/// the answer of [`address_echo`]: the endpoint address that answered.
+fn ask_from(source: std::net::Ipv4Addr, target: std::net::SocketAddrV4) -> std::io::Result<String> {
+    use nix::sys::socket::{AddressFamily, SockFlag, SockType, SockaddrIn, bind, connect, setsockopt, socket, sockopt};
+    use std::io::Read;
+    use std::os::fd::AsRawFd;
+    let fd = socket(AddressFamily::Inet, SockType::Stream, SockFlag::SOCK_CLOEXEC, None)?;
+    // The send timeout bounds connect(2) too.
+    setsockopt(&fd, sockopt::SendTimeout, &nix::sys::time::TimeVal::new(2, 0))?;
+    bind(fd.as_raw_fd(), &SockaddrIn::from(std::net::SocketAddrV4::new(source, 0)))?;
+    connect(fd.as_raw_fd(), &SockaddrIn::from(target))?;
+    let mut stream = std::net::TcpStream::from(fd);
+    stream.set_read_timeout(Some(TIMEOUT))?;
+    let mut text = String::new();
+    stream.read_to_string(&mut text)?;
+    Ok(text.trim().to_string())
+}
+
+/// A TCP server on port 9090 of every address of the calling thread's namespace that answers
+/// with the address it was reached at, until `stop`.
+fn address_echo(stop: &std::sync::atomic::AtomicBool, ready: std::sync::mpsc::Sender<()>) {
+    use std::io::Write;
+    let listener = std::net::TcpListener::bind("0.0.0.0:9090").unwrap();
+    listener.set_nonblocking(true).unwrap();
+    let _ = ready.send(());
+    while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+        match listener.accept() {
+            Ok((mut conn, _)) => {
+                let local = conn.local_addr().map(|a| a.ip().to_string()).unwrap_or_default();
+                let _ = conn.write_all(format!("{local}\n").as_bytes());
+            }
+            Err(_) => std::thread::sleep(std::time::Duration::from_millis(1)),
+        }
+    }
+}
+
+/// ClientIP affinity over 1,400 endpoints, more than the 1,023 slots a port had before its
+/// slots were split in groups of 255 (6 groups here): 131 clients each stick to one endpoint,
+/// and together they reach endpoints of every group, those past the 1,023rd included (slots
+/// are taken in address order, so the endpoint at index i has slot i).
+#[test]
+fn session_affinity_reaches_every_group_of_a_port_with_1400_endpoints() {
+    if skip_unless_privileged() {
+        return;
+    }
+    use std::net::{Ipv4Addr, SocketAddrV4};
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let lab = ClusterLab::new();
+    let n: u32 = 1400;
+    let (node1, node2) = (lab.lab.node("node1"), lab.lab.node("node2"));
+    let web3 = lab.lab.pod("web-3").unwrap();
+    let batch = |ns: &nftproxy_tools::lab::Netns, name: &str, lines: String| {
+        let path = lab.write(name, &lines);
+        ns.ip(&["-batch", path.to_str().unwrap()]).unwrap();
+    };
+    // The endpoints: addresses on web-3's loopback, routed there by node2, and to node2 by node1.
+    batch(
+        &web3.ns,
+        "endpoints.batch",
+        (0..n).map(|i| format!("addr add 10.245.{}.{}/32 dev lo\n", i / 250, i % 250 + 1)).collect(),
+    );
+    node2.ns.ip(&["route", "add", "10.245.0.0/16", "via", &web3.ip.to_string()]).unwrap();
+    node1.ns.ip(&["route", "add", "10.245.0.0/16", "via", &node2.ip.to_string()]).unwrap();
+    // The clients: 131 addresses of the outside client.
+    let clients: Vec<Ipv4Addr> = (120..=250).map(|h| Ipv4Addr::new(192, 168, 50, h)).collect();
+    let client = &lab.lab.client("client").unwrap().ns;
+    batch(client, "clients.batch", clients.iter().map(|c| format!("addr add {c}/24 dev eth0\n")).collect());
+    let stop = Arc::new(AtomicBool::new(false));
+    let (ready_tx, ready_rx) = std::sync::mpsc::channel();
+    let server = {
+        let stop = Arc::clone(&stop);
+        web3.ns.spawn(move || address_echo(&stop, ready_tx))
+    };
+    ready_rx.recv_timeout(std::time::Duration::from_secs(5)).expect("the server listens");
+
+    lab.sync(&many_endpoints_yaml(n));
+    let target = SocketAddrV4::new(Ipv4Addr::new(10, 96, 0, 30), 80);
+    let answers: Vec<(Ipv4Addr, Vec<String>)> = client
+        .run(|| {
+            clients
+                .iter()
+                .map(|c| (*c, (0..2).map(|_| ask_from(*c, target).unwrap_or_else(|e| format!("error {e}"))).collect()))
+                .collect()
+        })
+        .unwrap();
+    stop.store(true, Ordering::Relaxed);
+    server.join().unwrap().unwrap();
+
+    let mut reached = std::collections::BTreeSet::new();
+    for (c, seen) in &answers {
+        assert!(!seen[0].starts_with("error"), "{c}: {seen:?}");
+        assert_eq!(seen[0], seen[1], "client {c} sticks to its endpoint");
+        let ip: Ipv4Addr = seen[0].parse().unwrap();
+        let [_, _, a, b] = ip.octets();
+        reached.insert(u32::from(a) * 250 + u32::from(b) - 1);
+    }
+    assert!(reached.len() > 90, "new clients spread: {} endpoints for {} clients", reached.len(), answers.len());
+    let groups: std::collections::BTreeSet<u32> = reached.iter().map(|i| i / 255).collect();
+    assert_eq!(groups, (0..=5).collect(), "every group of slots is reached: {reached:?}");
+    assert!(reached.iter().any(|i| *i >= 1023), "an endpoint past the 1,023rd: {reached:?}");
+}
+
 #[test]
 fn internal_traffic_policy_local_keeps_pod_traffic_on_the_node() {
     if skip_unless_privileged() {

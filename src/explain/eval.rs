@@ -1,16 +1,26 @@
 //! An interpreter of nftables' register machine over one synthetic packet: the expressions of
 //! [`crate::nft::wire`] as the kernel runs them, rule by rule, chain by chain.
 //!
-//! Random choices (`numgen`) fork the evaluation: every value of a small modulus, or every
-//! window between the boundaries of the interval map the result is looked up in, each with its
-//! share of the modulus. A connection's `jhash` (affinity) forks the same way, once, over the
-//! boundaries of every map its chain looks it up in; later hashes of the branch reuse the
-//! value. Branches that end alike merge, so a chain of 16 `numgen` rules costs the sum of their
-//! moduli, not their product. Anything the interpreter does not model ends the
-//! branch as [`ChainEnd::Unknown`] naming the expression, chain and rule: it never guesses.
+//! Random choices (`numgen`) fork the evaluation: every value of a small modulus, every window
+//! between the boundaries of the interval map the result is looked up in, or, for a larger
+//! modulus looked up as the last field of a hash map's key, every value the map has a key for
+//! (and one branch for all the values it has none for), each with its share of the modulus. A
+//! connection's `jhash` (affinity) forks the same way, once per seed and modulus, over the
+//! boundaries of every map its chain looks it up in; later hashes of the branch with the same
+//! seed and modulus reuse the value, and hashes of different seeds are independent. Branches
+//! that end alike merge, so a chain of 16 `numgen` rules costs the sum of their moduli, not
+//! their product. A rule that starts by looking a known hash up in a set where it is not (an
+//! affinity slot's record, a slot group's gate) is skipped without running, through an index
+//! of the chain's rules by hash value, so a chain of thousands of such rules costs each branch
+//! the rules that can match it. Anything the interpreter does not model ends the branch as
+//! [`ChainEnd::Unknown`] naming the expression, chain and rule: it never guesses.
 
-use std::collections::BTreeMap;
+use std::cell::RefCell;
+use std::collections::hash_map::DefaultHasher;
+use std::collections::{BTreeMap, HashMap};
+use std::hash::{Hash, Hasher};
 use std::net::IpAddr;
+use std::rc::Rc;
 
 use crate::net::IpFamily;
 use crate::nft::wire::consts::*;
@@ -26,7 +36,7 @@ const JUMP_STACK: usize = 16;
 const REGISTER_BYTES: usize = 64;
 
 /// The connection being explained, as its packet looks at the current hook.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub(crate) struct Packet {
     pub(crate) family: IpFamily,
     pub(crate) saddr: IpAddr,
@@ -47,7 +57,7 @@ pub(crate) trait Surroundings {
 }
 
 /// One matched rule on the packet's way.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub(crate) struct Step {
     /// `prerouting`, `input`, `forward`, `output`, `postrouting`.
     pub(crate) hook: &'static str,
@@ -63,7 +73,7 @@ pub(crate) struct Step {
 }
 
 /// The state that travels with one branch of the evaluation.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub(crate) struct Flow {
     pub(crate) packet: Packet,
     /// The hook being evaluated (for the path).
@@ -74,17 +84,17 @@ pub(crate) struct Flow {
     pub(crate) dnat: Option<(IpAddr, Option<u16>)>,
     pub(crate) masquerade: bool,
     pub(crate) path: Vec<Step>,
-    /// Affinity sets the connection would be added to.
+    /// Affinity sets the connection would be added to, with the key (`@set { client . slot }`).
     pub(crate) affinity_updates: Vec<String>,
-    /// The `jhash` choice this branch made, as (seed, modulus, value): every later `jhash` of
+    /// The `jhash` choices this branch made, as (seed, modulus, value): every later `jhash` of
     /// the same seed and modulus is the same hash of the same connection, so it reuses it.
-    pub(crate) hash: Option<(u32, u32, u32)>,
+    pub(crate) hashes: Vec<(u32, u32, u32)>,
     /// Things the reader should know (affinity evaluated as a first connection, …).
     pub(crate) notes: Vec<String>,
 }
 
 /// How a chain (or a whole evaluation) ended for one branch.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub(crate) enum ChainEnd {
     /// Fell off the end or `return`: back to the caller (the policy, for a base chain).
     Return,
@@ -101,7 +111,7 @@ pub(crate) enum ChainEnd {
 pub(crate) type Branch = (f64, Flow, ChainEnd);
 
 /// How one rule ended.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
 enum RuleEnd {
     /// An expression did not match (`NFT_BREAK`).
     NoMatch,
@@ -188,13 +198,52 @@ fn find_element<'s>(set: &'s WireSet, key: &[u8]) -> Option<(&'s WireKey, &'s cr
 /// The boundaries an interval set has strictly inside `[lo, lo + width)` (its 4-byte,
 /// big-endian keys), relative to `lo`.
 fn inner_bounds(set: &WireSet, lo: u32, width: u32) -> impl Iterator<Item = u64> + '_ {
-    let (lo, hi) = (u64::from(lo), u64::from(lo) + u64::from(width));
-    set.elements
-        .keys()
-        .filter_map(|k| <[u8; 4]>::try_from(k.bytes.as_slice()).ok())
+    let (start, end) = (u64::from(lo), u64::from(lo) + u64::from(width));
+    // Keys from lo + 1 (an end key sorts before a start of the same bytes) up to, not
+    // including, lo + width.
+    let first = WireKey::end(&lo.saturating_add(1).to_be_bytes());
+    let last = u32::try_from(end).map(|e| WireKey::end(&e.to_be_bytes()));
+    let keys: Box<dyn Iterator<Item = &WireKey>> = match last {
+        Ok(last) => Box::new(set.elements.range(first..last).map(|(k, _)| k)),
+        Err(_) => Box::new(set.elements.range(first..).map(|(k, _)| k)),
+    };
+    keys.filter_map(|k| <[u8; 4]>::try_from(k.bytes.as_slice()).ok())
         .map(|b| u64::from(u32::from_be_bytes(b)))
-        .filter(move |v| *v > lo && *v < hi)
-        .map(move |v| v - lo)
+        .filter(move |v| *v > start && *v < end)
+        .map(move |v| v - start)
+}
+
+/// The ranges an interval set has over `[lo, lo + width)`, relative to `lo`: `(first, end)`,
+/// `end` excluded.
+fn ranges_within(set: &WireSet, lo: u32, width: u32) -> Vec<(u64, u64)> {
+    let (start, end) = (u64::from(lo), u64::from(lo) + u64::from(width));
+    let mut out = Vec::new();
+    // Inside a range at `lo` when the greatest boundary at or below it is a range's start.
+    let mut open = set
+        .elements
+        .last_at_or_below(&WireKey::new(&lo.to_be_bytes()))
+        .is_some_and(|(k, _)| !k.interval_end)
+        .then_some(0);
+    let bounds = set.elements.range(WireKey::end(&lo.saturating_add(1).to_be_bytes())..).map(|(k, _)| k);
+    for key in bounds {
+        let Ok(bytes) = <[u8; 4]>::try_from(key.bytes.as_slice()) else { continue };
+        let v = u64::from(u32::from_be_bytes(bytes));
+        if v >= end {
+            break;
+        }
+        match (key.interval_end, open) {
+            (true, Some(first)) => {
+                out.push((first, v - start));
+                open = None;
+            }
+            (false, None) => open = Some(v - start),
+            _ => {}
+        }
+    }
+    if let Some(first) = open {
+        out.push((first, end - start));
+    }
+    out
 }
 
 /// One value per window between `bounds` (relative, inside `0..width`), `base` added, with the
@@ -210,16 +259,236 @@ fn shares(mut bounds: Vec<u64>, width: u32, base: u32) -> Vec<(u32, f64)> {
         .collect()
 }
 
+/// A hash of a connection, as rules compute it: (seed, modulus).
+type HashKey = (u32, u32);
+
+/// The values a hash of one key can take, split where any lookup of the chain changes its
+/// answer: each part's first value and its share of the modulus.
+type Atoms = Rc<Vec<(u32, f64)>>;
+
+/// The maps a chain's rules look each hash key up in, at which offsets.
+type HashLookups = HashMap<HashKey, Vec<(String, u32)>>;
+
+/// A rule's leading `jhash … @set` (a set lookup, not inverted) before anything that acts: the
+/// rule does nothing for a connection whose hash is not in the set there.
+#[derive(Debug, Clone)]
+struct Guard {
+    key: HashKey,
+    offset: u32,
+    set: String,
+}
+
+/// A chain's rules indexed by the hash values that can get past their guards.
+#[derive(Debug, Default)]
+struct ChainIndex {
+    len: usize,
+    /// Rules without a guard, ascending.
+    unguarded: Vec<usize>,
+    /// Per hash key some rule has a guard of: the rules, and which values each lets through.
+    guarded: Vec<Guarded>,
+    /// Per rule, its guards' keys (indexes into `guarded`; the first guard of each key).
+    keys: Vec<Vec<usize>>,
+}
+
+#[derive(Debug, Default)]
+struct Guarded {
+    key: HashKey,
+    /// Rules whose first guard has this key, ascending.
+    first: Vec<usize>,
+    /// Runs of consecutive rules with a guard of this key: `(first, end)`, end excluded.
+    runs: Vec<(usize, usize)>,
+    /// Part starts of the key's atoms, ascending.
+    starts: Vec<u32>,
+    /// Per part: every rule with a guard of this key that lets it through, ascending.
+    passing: Vec<Vec<usize>>,
+}
+
+impl Guarded {
+    fn part(&self, value: u32) -> &[usize] {
+        let i = self.starts.partition_point(|s| *s <= value).checked_sub(1);
+        i.and_then(|i| self.passing.get(i)).map(Vec::as_slice).unwrap_or_default()
+    }
+
+    /// The end of the run of rules with a guard of this key that holds `rule`.
+    fn run_end(&self, rule: usize) -> usize {
+        let i = self.runs.partition_point(|(first, _)| *first <= rule);
+        i.checked_sub(1).map_or(rule + 1, |i| self.runs[i].1.max(rule + 1))
+    }
+}
+
+/// The first of `sorted` at or after `from`.
+fn first_from(sorted: &[usize], from: usize) -> Option<usize> {
+    sorted.get(sorted.partition_point(|r| *r < from)).copied()
+}
+
+impl ChainIndex {
+    /// The next rule at or after `from` that can act for a branch with these hash values: one
+    /// without a guard, or whose every guard of a known key lets the value through (a guard of
+    /// an unknown key forks the branch when it runs).
+    fn next(&self, from: usize, hashes: &[(u32, u32, u32)]) -> Option<usize> {
+        if self.guarded.is_empty() {
+            return (from < self.len).then_some(from);
+        }
+        let values: Vec<Option<u32>> = self
+            .guarded
+            .iter()
+            .map(|g| hashes.iter().find(|(s, m, _)| (*s, *m) == g.key).map(|(_, _, v)| *v))
+            .collect();
+        let mut from = from;
+        loop {
+            // The earliest candidate: a rule without a guard, or one whose first guard lets the
+            // value through (or has no value yet).
+            let mut best = first_from(&self.unguarded, from);
+            for (guarded, value) in self.guarded.iter().zip(&values) {
+                let candidates = match value {
+                    Some(v) => guarded.part(*v),
+                    None => &guarded.first,
+                };
+                if let Some(r) = first_from(candidates, from) {
+                    best = Some(best.map_or(r, |b| b.min(r)));
+                }
+            }
+            let rule = best?;
+            // Its other guards: the first that stops the value skips the rules after it that
+            // have a guard of the same key, up to the next that lets the value through.
+            let stopped = self.keys[rule].iter().find_map(|k| {
+                let (guarded, v) = (&self.guarded[*k], values[*k]?);
+                let part = guarded.part(v);
+                part.binary_search(&rule).is_err().then(|| {
+                    let passing = first_from(part, rule + 1).unwrap_or(self.len);
+                    passing.min(guarded.run_end(rule))
+                })
+            });
+            match stopped {
+                None => return Some(rule),
+                Some(next) => from = next.max(rule + 1),
+            }
+        }
+    }
+}
+
+/// Sums the shares of items that are alike, in the order they first appear.
+fn merged<E: Hash + Eq>(items: Vec<(f64, Flow, E)>) -> Vec<(f64, Flow, E)> {
+    if items.len() < 2 {
+        return items;
+    }
+    let mut out: Vec<(f64, Flow, E)> = Vec::with_capacity(items.len());
+    let mut seen: HashMap<u64, Vec<usize>> = HashMap::new();
+    for (w, f, e) in items {
+        let mut h = DefaultHasher::new();
+        f.hash(&mut h);
+        e.hash(&mut h);
+        let bucket = seen.entry(h.finish()).or_default();
+        match bucket.iter().find(|i| out[**i].1 == f && out[**i].2 == e) {
+            Some(i) => out[*i].0 += w,
+            None => {
+                bucket.push(out.len());
+                out.push((w, f, e));
+            }
+        }
+    }
+    out
+}
+
 /// The interpreter over one table.
 pub(crate) struct Evaluator<'a> {
     table: &'a WireTable,
     surroundings: &'a dyn Surroundings,
+    /// Per chain and hash key, the hash's parts (computed once).
+    atoms: RefCell<HashMap<(String, HashKey), Atoms>>,
+    /// Per chain, the maps its rules look each hash key up in, at which offsets.
+    hash_lookups: RefCell<HashMap<String, HashLookups>>,
+    /// Per chain, its rules by guard (built once).
+    indexes: RefCell<HashMap<String, Rc<ChainIndex>>>,
 }
 
 impl<'a> Evaluator<'a> {
     /// An interpreter of `table`'s chains.
     pub(crate) fn new(table: &'a WireTable, surroundings: &'a dyn Surroundings) -> Evaluator<'a> {
-        Evaluator { table, surroundings }
+        Evaluator {
+            table,
+            surroundings,
+            atoms: RefCell::default(),
+            hash_lookups: RefCell::default(),
+            indexes: RefCell::default(),
+        }
+    }
+
+    /// The guards of a rule: its leading `jhash … @set` lookups, before anything but loads,
+    /// comparisons and other guards.
+    fn guards(exprs: &[LowExpr]) -> Vec<Guard> {
+        let mut out = Vec::new();
+        let mut i = 0;
+        while let Some(expr) = exprs.get(i) {
+            match (expr, exprs.get(i + 1), exprs.get(i + 2)) {
+                (
+                    LowExpr::Hash { dreg, modulus, seed, offset, .. },
+                    Some(LowExpr::Byteorder { sreg: b_in, dreg: b_out, .. }),
+                    Some(LowExpr::Lookup { sreg, dreg: None, set, flags: 0 }),
+                ) if b_in == dreg && sreg == b_out => {
+                    out.push(Guard { key: (*seed, *modulus), offset: *offset, set: set.clone() });
+                    i += 3;
+                }
+                (LowExpr::Payload { .. } | LowExpr::Meta { .. } | LowExpr::Cmp { .. }, _, _) => i += 1,
+                _ => break,
+            }
+        }
+        out
+    }
+
+    /// The index of `name`'s rules by guard.
+    fn chain_index(&self, name: &str) -> Rc<ChainIndex> {
+        if let Some(index) = self.indexes.borrow().get(name) {
+            return Rc::clone(index);
+        }
+        let rules = self.table.chains.get(name).map(|c| c.rules.as_slice()).unwrap_or_default();
+        let mut index = ChainIndex { len: rules.len(), ..ChainIndex::default() };
+        let mut slot: HashMap<HashKey, usize> = HashMap::new();
+        for (r, rule) in rules.iter().enumerate() {
+            // Only guards on interval sets of 4-byte keys are indexed (the others just run).
+            let mut keys: Vec<usize> = Vec::new();
+            for guard in Self::guards(&rule.exprs) {
+                let Some(set) = self.table.sets.get(&guard.set) else { continue };
+                if !set.spec.is_interval() || set.spec.key_len != 4 || set.dynamic {
+                    continue;
+                }
+                let k = *slot.entry(guard.key).or_insert_with(|| {
+                    let atoms = self.hash_choices(name, guard.key.0, guard.key.1);
+                    let starts: Vec<u32> = atoms.iter().map(|(v, _)| *v).collect();
+                    let passing = vec![Vec::new(); starts.len()];
+                    index.guarded.push(Guarded { key: guard.key, starts, passing, ..Guarded::default() });
+                    index.guarded.len() - 1
+                });
+                if keys.contains(&k) {
+                    continue;
+                }
+                let guarded = &mut index.guarded[k];
+                if keys.is_empty() {
+                    guarded.first.push(r);
+                }
+                match guarded.runs.last_mut() {
+                    Some(run) if run.1 == r => run.1 = r + 1,
+                    _ => guarded.runs.push((r, r + 1)),
+                }
+                // The parts this guard lets through: those whose values fall in a range of the
+                // set (every value of a part is alike for every lookup of the key).
+                for (lo, hi) in ranges_within(set, guard.offset, guard.key.1) {
+                    let first = guarded.starts.partition_point(|s| u64::from(*s) < lo);
+                    let end = guarded.starts.partition_point(|s| u64::from(*s) < hi);
+                    for part in &mut guarded.passing[first..end] {
+                        part.push(r);
+                    }
+                }
+                keys.push(k);
+            }
+            if keys.is_empty() {
+                index.unguarded.push(r);
+            }
+            index.keys.push(keys);
+        }
+        let index = Rc::new(index);
+        self.indexes.borrow_mut().insert(name.to_string(), Rc::clone(&index));
+        index
     }
 
     /// Runs a chain from its first rule; a base chain's policy applies when it returns.
@@ -240,15 +509,18 @@ impl<'a> Evaluator<'a> {
 
     /// Runs `name` from rule index `start`, pushing every branch's end to `out`.
     fn run_chain(&self, weight: f64, mut flow: Flow, name: &str, start: usize, depth: usize, out: &mut Vec<Branch>) {
-        let Some(chain) = self.table.chains.get(name) else {
+        if !self.table.chains.contains_key(name) {
             out.push((weight, flow, ChainEnd::Unknown(format!("chain {name} is not in table {}", self.table.name))));
             return;
-        };
+        }
         if depth > JUMP_STACK {
             out.push((weight, flow, ChainEnd::Unknown(format!("more than {JUMP_STACK} nested jumps at chain {name}"))));
             return;
         }
-        for index in start..chain.rules.len() {
+        let rules = self.chain_index(name);
+        let mut next = start;
+        while let Some(index) = rules.next(next, &flow.hashes) {
+            next = index + 1;
             let mut results = self.rule(flow.clone(), name, index);
             // Most rules do not fork: carry on in this loop rather than recursing.
             // A whole share (the forks of a `numgen` all ending alike sum to it, give or take
@@ -315,14 +587,7 @@ impl<'a> Evaluator<'a> {
         let mut out = Vec::new();
         let at = Position { chain, rule: index + 1 };
         self.exprs(&rule.exprs, 0, Registers::new(), flow, step, 1.0, at, &mut out);
-        let mut merged: Vec<(f64, Flow, RuleEnd)> = Vec::new();
-        for (w, f, end) in out {
-            match merged.iter_mut().find(|(_, g, e)| *g == f && *e == end) {
-                Some(m) => m.0 += w,
-                None => merged.push((w, f, end)),
-            }
-        }
-        merged
+        merged(out)
     }
 
     /// Runs `exprs[i..]`; pushes each fork's end to `out`.
@@ -348,19 +613,20 @@ impl<'a> Evaluator<'a> {
                     .write(*dreg, &offset.to_ne_bytes())
                     .map_or_else(|| Err(unknown(format!("{expr:?}"))), |()| Ok(None)),
                 LowExpr::Hash { dreg, modulus, seed, offset, .. } => {
-                    if let Some((_, _, value)) = flow.hash.filter(|(s, m, _)| s == seed && m == modulus) {
+                    let known = flow.hashes.iter().find(|(s, m, _)| s == seed && m == modulus).map(|(_, _, v)| *v);
+                    if let Some(value) = known {
                         regs.write(*dreg, &value.wrapping_add(*offset).to_ne_bytes())
                             .map_or_else(|| Err(unknown(format!("{expr:?}"))), |()| Ok(None))
                     } else {
                         let share = format!("jhash mod {modulus}");
-                        for (value, part) in self.hash_choices(at.chain, *seed, *modulus) {
+                        for &(value, part) in self.hash_choices(at.chain, *seed, *modulus).iter() {
                             let mut r = regs.clone();
                             if r.write(*dreg, &value.wrapping_add(*offset).to_ne_bytes()).is_none() {
                                 out.push((weight, flow.clone(), unknown(format!("{expr:?}"))));
                                 return;
                             }
                             let mut f = flow.clone();
-                            f.hash = Some((*seed, *modulus, value));
+                            f.hashes.push((*seed, *modulus, value));
                             let mut s = step.clone();
                             if !s.action.contains(&share) {
                                 s.action = append(&s.action, &share);
@@ -374,7 +640,7 @@ impl<'a> Evaluator<'a> {
                     if *kind != NG_RANDOM || *modulus == 0 {
                         Err(unknown(format!("{expr:?}")))
                     } else {
-                        match self.numgen_choices(*modulus, *offset, &exprs[i..]) {
+                        match self.numgen_choices(*modulus, *offset, *dreg, &exprs[i..], &regs) {
                             Some(choices) => {
                                 let share = match offset {
                                     0 => format!("numgen random mod {modulus}"),
@@ -395,7 +661,7 @@ impl<'a> Evaluator<'a> {
                                 return;
                             }
                             None => Err(unknown(format!(
-                                "numgen random mod {modulus} (not followed by a lookup in an interval map)"
+                                "numgen random mod {modulus} (not followed by a lookup in an interval map, or in a map keyed by it)"
                             ))),
                         }
                     }
@@ -438,33 +704,64 @@ impl<'a> Evaluator<'a> {
     /// The values a connection's `jhash` (of this seed and modulus) is forked over, with their
     /// shares: one per window between the boundaries of every interval map a rule of `chain`
     /// looks such a hash up in, each boundary taken relative to its rule's offset (the record
-    /// rules of affinity slots and the choice split the hash alike).
-    fn hash_choices(&self, chain: &str, seed: u32, modulus: u32) -> Vec<(u32, f64)> {
+    /// rules of affinity slots and the choice split the hash alike). Computed once per chain
+    /// and key.
+    fn hash_choices(&self, chain: &str, seed: u32, modulus: u32) -> Atoms {
+        let key = (chain.to_string(), (seed, modulus));
+        if let Some(atoms) = self.atoms.borrow().get(&key) {
+            return Rc::clone(atoms);
+        }
+        if !self.hash_lookups.borrow().contains_key(chain) {
+            // Every rule's hash lookups, by key, each (map, offset) once: a slot group's gate is
+            // in every record of the group.
+            let mut lookups = HashLookups::new();
+            let rules = self.table.chains.get(chain).map(|c| c.rules.as_slice()).unwrap_or_default();
+            for rule in rules {
+                for triple in rule.exprs.windows(3) {
+                    let [
+                        LowExpr::Hash { modulus: m, seed: s, offset, .. },
+                        LowExpr::Byteorder { .. },
+                        LowExpr::Lookup { set, .. },
+                    ] = triple
+                    else {
+                        continue;
+                    };
+                    lookups.entry((*s, *m)).or_default().push((set.clone(), *offset));
+                }
+            }
+            for list in lookups.values_mut() {
+                list.sort_unstable();
+                list.dedup();
+            }
+            self.hash_lookups.borrow_mut().insert(chain.to_string(), lookups);
+        }
         let mut bounds: Vec<u64> = Vec::new();
-        let rules = self.table.chains.get(chain).map(|c| c.rules.as_slice()).unwrap_or_default();
-        for rule in rules {
-            for triple in rule.exprs.windows(3) {
-                let [
-                    LowExpr::Hash { modulus: m, seed: s, offset, .. },
-                    LowExpr::Byteorder { .. },
-                    LowExpr::Lookup { set, .. },
-                ] = triple
-                else {
-                    continue;
-                };
-                let Some(set) = self.table.sets.get(set).filter(|_| *m == modulus && *s == seed) else { continue };
-                if set.spec.is_interval() {
+        if let Some(lookups) = self.hash_lookups.borrow().get(chain).and_then(|l| l.get(&(seed, modulus))) {
+            for (set, offset) in lookups {
+                if let Some(set) = self.table.sets.get(set).filter(|s| s.spec.is_interval()) {
                     bounds.extend(inner_bounds(set, *offset, modulus));
                 }
             }
         }
-        shares(bounds, modulus, 0)
+        let atoms = Rc::new(shares(bounds, modulus, 0));
+        self.atoms.borrow_mut().insert(key, Rc::clone(&atoms));
+        atoms
     }
 
     /// The values a `numgen` result is forked over, with their shares: every value of a small
     /// modulus; for a large one, one value per window between the boundaries of the interval
-    /// map the rule looks the result up in (all values of a window select the same element).
-    fn numgen_choices(&self, modulus: u32, offset: u32, rest: &[LowExpr]) -> Option<Vec<(u32, f64)>> {
+    /// map the rule looks the result up in (all values of a window select the same element),
+    /// or, when the result is a field of the key of a map looked up right after it (the other
+    /// fields already in the registers), each value the map has a key for and one value for
+    /// all the others (which select nothing).
+    fn numgen_choices(
+        &self,
+        modulus: u32,
+        offset: u32,
+        dreg: u32,
+        rest: &[LowExpr],
+        regs: &Registers,
+    ) -> Option<Vec<(u32, f64)>> {
         let total = f64::from(modulus);
         if modulus <= ENUMERATED_MODULUS {
             return Some((0..modulus).map(|v| (offset.wrapping_add(v), 1.0 / total)).collect());
@@ -474,10 +771,43 @@ impl<'a> Evaluator<'a> {
             _ => None,
         })?;
         let set = self.table.sets.get(set)?;
-        if !set.spec.is_interval() || set.spec.key_len != 4 {
+        if set.spec.is_interval() && set.spec.key_len == 4 {
+            return Some(shares(inner_bounds(set, offset, modulus).collect(), modulus, offset));
+        }
+        // A hash map keyed by fields then the result: the lookup must come next, so that nothing
+        // changes the registers in between.
+        let Some(LowExpr::Lookup { sreg, .. }) = rest.first() else { return None };
+        if set.spec.is_interval() || set.dynamic {
             return None;
         }
-        Some(shares(inner_bounds(set, offset, modulus).collect(), modulus, offset))
+        let key_len = set.spec.key_len as usize;
+        let hole = register_offset(dreg)?.checked_sub(register_offset(*sreg)?)?;
+        if hole + 4 > key_len {
+            return None;
+        }
+        let template = regs.read(*sreg, key_len)?;
+        let prefix = &template[..hole];
+        let mut hits: Vec<u32> = set
+            .elements
+            .range(WireKey::new(prefix)..)
+            .map(|(k, _)| k)
+            .take_while(|k| k.bytes.starts_with(prefix))
+            .filter(|k| k.bytes.len() == key_len && k.bytes[hole + 4..] == template[hole + 4..])
+            .filter_map(|k| <[u8; 4]>::try_from(&k.bytes[hole..hole + 4]).ok())
+            .map(|b| u32::from_ne_bytes(b).wrapping_sub(offset))
+            .filter(|v| *v < modulus)
+            .collect();
+        hits.sort_unstable();
+        hits.dedup();
+        let share = 1.0 / total;
+        let mut out: Vec<(u32, f64)> = hits.iter().map(|v| (offset.wrapping_add(*v), share)).collect();
+        let missed = modulus - u32::try_from(hits.len()).unwrap_or(modulus);
+        if missed > 0 {
+            // The first value without a key stands for all of them.
+            let free = (0..modulus).find(|v| hits.binary_search(v).is_err())?;
+            out.push((offset.wrapping_add(free), f64::from(missed) / total));
+        }
+        Some(out)
     }
 
     /// Runs one expression. `Ok(None)`: go on; `Ok(Some(end))`: the rule ends.
@@ -628,11 +958,23 @@ impl<'a> Evaluator<'a> {
                 let Some(spec) = self.table.sets.get(set) else {
                     return unknown(format!("set {set} is not in table {}", self.table.name));
                 };
-                if regs.read(*sreg_key, spec.spec.key_len as usize).is_none() {
+                let Some(key) = regs.read(*sreg_key, spec.spec.key_len as usize) else {
                     return cannot();
-                }
-                step.action = append(&step.action, &format!("update @{set}"));
-                flow.affinity_updates.push(set.clone());
+                };
+                // An affinity set's key: the client, then the slot (a 32-bit word in host order).
+                let width = match p.family {
+                    IpFamily::V4 => 4,
+                    IpFamily::V6 => 16,
+                };
+                let entry = match (address_from_bytes(&key[..width.min(key.len())]), key.get(width..)) {
+                    (Some(client), Some(slot)) if slot.len() == 4 => {
+                        let slot = u32::from_ne_bytes([slot[0], slot[1], slot[2], slot[3]]);
+                        format!("@{set} {{ {client} . {slot} }}")
+                    }
+                    _ => format!("@{set}"),
+                };
+                step.action = append(&step.action, &format!("update {entry}"));
+                flow.affinity_updates.push(entry);
             }
             LowExpr::Nat { kind: NAT_DNAT, family, reg_addr, reg_proto, flags: _ } => {
                 let width = match *family {
@@ -757,14 +1099,7 @@ fn append(action: &str, more: &str) -> String {
 
 /// Sums the shares of branches that ended alike.
 pub(crate) fn merge(branches: Vec<Branch>) -> Vec<Branch> {
-    let mut out: Vec<Branch> = Vec::new();
-    for (w, f, end) in branches {
-        match out.iter_mut().find(|(_, g, e)| *g == f && *e == end) {
-            Some(m) => m.0 += w,
-            None => out.push((w, f, end)),
-        }
-    }
-    out
+    merged(branches)
 }
 
 /// Base chains of a table at `hook` (kernel number), by priority: (name, chain type, priority).

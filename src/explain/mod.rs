@@ -136,7 +136,7 @@ pub(crate) fn explain(
         masquerade: false,
         path: Vec::new(),
         affinity_updates: Vec::new(),
-        hash: None,
+        hashes: Vec::new(),
         notes: Vec::new(),
     };
     let ends = walk(wire, surroundings, flow, connection.local);

@@ -176,8 +176,10 @@ fn round(share: f64) -> f64 {
     (share * 1e6).round() / 1e6
 }
 
+/// A share as a percentage: one decimal, three below 1% (one of 5,000 endpoints reads 0.020%).
 fn percent(share: f64) -> String {
-    format!("{:.1}%", share * 100.0)
+    let pct = share * 100.0;
+    if pct > 0.0 && pct < 1.0 { format!("{pct:.3}%") } else { format!("{pct:.1}%") }
 }
 
 /// Writes steps, a hook heading whenever the hook changes.

@@ -6,7 +6,7 @@ use std::net::IpAddr;
 use super::*;
 use crate::nft::lower::lower_ruleset;
 use crate::nft::wire::{LowExpr, WireRuleset};
-use crate::plan::tests::{AFFINITY, CLUSTERIP, EXTERNAL, config, plan_with, state};
+use crate::plan::tests::{AFFINITY, CLUSTERIP, EXTERNAL, affine_service, config, plan_with, state};
 
 /// The node's address in the fixtures (their node-port address).
 const NODE: &str = "192.168.0.2";
@@ -215,4 +215,41 @@ fn a_miss_through_every_balancing_rule_reaches_the_chain_end() {
     assert_eq!(verdicts(&e), [Verdict::Drop], "{}", report::to_text(&e));
     let total: f64 = e.outcomes.iter().map(|o| o.share).sum();
     assert!((total - 1.0).abs() < 1e-9, "{total}");
+}
+
+/// A Service of 5,000 endpoints, as `explain --manifests` sees it: without affinity its
+/// ClusterIP is balanced by `numgen random mod 5000` over `service-endpoints-5000` (a hash map
+/// keyed by the address, protocol, port and index), and every endpoint gets 1/5000; with
+/// affinity its slots are split in groups, and every endpoint gets its share, the client
+/// recorded in that endpoint's slot.
+#[test]
+fn a_service_of_5000_endpoints_is_predicted_endpoint_by_endpoint() {
+    let rules = ruleset(&affine_service("big", "172.30.9.9", 5000, false));
+    let e = run(&rules, POD, "172.30.9.9:80", 6, false);
+    assert_eq!(e.service.as_deref(), Some("ns/big:http"));
+    assert_eq!(e.outcomes.len(), 5000, "{}", e.outcomes[0].reason);
+    assert!(e.outcomes.iter().all(|o| o.verdict == Verdict::Dnat && (o.share * 5000.0 - 1.0).abs() < 1e-9));
+    let path = &e.outcomes[0].path;
+    let step = path.iter().find(|s| s.chain == "balance-service").unwrap();
+    assert!(step.action.contains("numgen random mod 5000"), "{}", step.action);
+    let text = report::to_text(&e);
+    assert!(text.contains("then 5000 ways") && text.contains(" 0.020%  not masqueraded"), "{}", &text[..2000]);
+    let json: serde_json::Value = serde_json::from_str(&report::to_json(&e).unwrap()).unwrap();
+    assert_eq!(json["endpoints"].as_array().unwrap().len(), 5000);
+    assert_eq!(json["endpoints"][0]["share"], 0.0002);
+
+    // Another service's connection is not slowed down or changed by the big one's rule.
+    let both = format!("{CLUSTERIP}---\n{}", affine_service("big", "172.30.9.9", 5000, false));
+    let e = run(&ruleset(&both), POD, "172.30.0.42:80", 6, false);
+    assert_eq!(endpoints(&e).len(), 3);
+
+    let rules = ruleset(&affine_service("big", "172.30.9.9", 5000, true));
+    let e = run(&rules, POD, "172.30.9.9:80", 6, false);
+    assert_eq!(e.outcomes.len(), 5000, "{}", e.outcomes[0].reason);
+    let total: f64 = e.outcomes.iter().map(|o| o.share).sum();
+    assert!((total - 1.0).abs() < 1e-9, "{total}");
+    assert!(e.outcomes.iter().all(|o| o.verdict == Verdict::Dnat && (o.share * 5000.0 - 1.0).abs() < 0.1));
+    assert!(e.outcomes.iter().all(|o| o.affinity_updates.len() == 1));
+    let text = report::to_text(&e);
+    assert!(text.contains("first connection"), "{}", &text[..2000]);
 }

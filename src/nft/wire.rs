@@ -508,6 +508,8 @@ impl WireTable {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct NumgenWindow {
     pub chain: String,
+    /// The rule's index in its chain (a rule may have several such lookups).
+    pub rule: usize,
     pub map: String,
     pub modulus: u32,
     pub offset: u32,
@@ -521,7 +523,7 @@ impl WireTable {
     pub fn numgen_windows(&self) -> Vec<NumgenWindow> {
         let mut out = Vec::new();
         for chain in self.chains.values() {
-            for rule in &chain.rules {
+            for (index, rule) in chain.rules.iter().enumerate() {
                 for triple in rule.exprs.windows(3) {
                     let [
                         LowExpr::Numgen { modulus, offset, .. } | LowExpr::Hash { modulus, offset, .. },
@@ -547,6 +549,7 @@ impl WireTable {
                     });
                     out.push(NumgenWindow {
                         chain: chain.name.clone(),
+                        rule: index,
                         map: set.clone(),
                         modulus: *modulus,
                         offset: *offset,

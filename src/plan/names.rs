@@ -37,6 +37,21 @@ pub fn affinity_set(base: &str) -> String {
     format!("affinity-{base}")
 }
 
+/// The chain of slot group `g` of a port's balancing chain `chain` (a port of more than 255
+/// affinity slots): `chain_gG`. No part of a base name has a `_` (its namespace, name and port
+/// are DNS labels, the protocol a word), so the suffix cannot be mistaken for a port's name; at
+/// most 8 + 240 + 6 bytes.
+pub fn group_chain(chain: &str, g: usize) -> String {
+    format!("{chain}_g{g}")
+}
+
+/// The balancing chain and slot group of a group chain's name.
+pub fn of_group_chain(chain: &str) -> Option<(&str, usize)> {
+    let (base, g) = chain.rsplit_once("_g")?;
+    let canonical = !g.is_empty() && g.bytes().all(|b| b.is_ascii_digit()) && (g == "0" || !g.starts_with('0'));
+    if canonical { Some((base, g.parse().ok()?)) } else { None }
+}
+
 /// The base name of an endpoint's objects: `HASH-ns/svc/proto/port__ip/port`, with IPv6 colons
 /// replaced by dots (colons are not allowed in nftables names).
 pub fn endpoint_base(spn: &ServicePortName, ep: &Endpoint) -> String {
@@ -67,6 +82,21 @@ mod tests {
         assert_eq!(hash("testing/service/tcp/http"), "P4ZYZVCF");
         assert_eq!(hash("testing/service/tcp/http__10.180.0.1/80"), "JO2XBXZR");
         assert_eq!(hash_and_truncate("ns1/svc1/tcp/p80"), "ULMVA6XW-ns1/svc1/tcp/p80");
+    }
+
+    #[test]
+    fn group_chains_name_their_chain_and_group() {
+        let port = ServicePortName {
+            service: crate::model::NamespacedName::new("ns", "svc"),
+            port: "g1".into(),
+            protocol: crate::net::L4Proto::Tcp,
+        };
+        let chain = format!("service-{}", service_port_base(&port));
+        assert_eq!(of_group_chain(&chain), None, "a port named g1 is not a group");
+        assert_eq!(of_group_chain(&group_chain(&chain, 12)), Some((chain.as_str(), 12)));
+        assert_eq!(of_group_chain("service-x_g012"), None);
+        let long = format!("service-{}", hash_and_truncate(&"a/".repeat(200)));
+        assert!(group_chain(&long, 1023).len() <= 255);
     }
 
     #[test]

@@ -4,7 +4,8 @@
 //! shared chains, see `balance`) balances over its own **window** of 2^20 numbers in one of a
 //! few shared interval maps (`affinity-endpoints-0`, … with their slot maps, see
 //! [`super::affinity`]). The window is split into one range per endpoint, as evenly as its size
-//! allows.
+//! allows. A port with more affinity slots than one window holds has a window per slot group
+//! and one for the split between the groups, each placed on its own (see [`WindowId::part`]).
 //!
 //! The shape follows the kernel's costs, measured on the benchmark's clusters:
 //! - the rule never changes while the service port has endpoints, so adding or removing one is
@@ -13,7 +14,10 @@
 //! - one map per service port would make every set reference a linear scan by name over
 //!   thousands of sets (the kernel keeps a table's sets in a list);
 //! - one map for everything would make every rule that looks it up walk all its elements (the
-//!   kernel checks a map's data against each chain that binds it).
+//!   kernel checks a map's data against each rule that binds it: its check for an earlier
+//!   binding by the same chain compares a chain it has not set yet), so the groups of a large
+//!   affinity port are placed like ports of their own, each in a map of about [`SHARD_LOAD`]
+//!   endpoints, and its rules cost the kernel in proportion to its endpoints, not their square.
 //!
 //! Maps of about [`SHARD_LOAD`] endpoints bound both scans. (No verdict maps: whenever the
 //! table is validated, the kernel walks a verdict map in full for each rule that looks it up.)
@@ -29,7 +33,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use crate::model::NamespacedName;
 use crate::net::IpFamily;
-use crate::plan::affinity::{AffinityDemand, AffinityId, AffinitySlots};
+use crate::plan::affinity::{AffinityDemand, AffinityId, AffinitySlots, SlotTarget};
 use crate::plan::names;
 use crate::plan::objects::SharedSet;
 
@@ -41,22 +45,39 @@ pub(crate) const SHARD_WINDOWS: u32 = 2048;
 /// it; it never moves).
 pub(crate) const SHARD_LOAD: u32 = 1024;
 
-/// The window one balancing chain needs: its family and the chain (which names the service
-/// port and the policy).
+/// A window a balancing chain needs: its family, the chain (which names the service port and
+/// the policy), and which of the chain's windows.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub(crate) struct WindowId {
     pub family: IpFamily,
     pub chain: String,
+    /// Slot group `g`'s window (a port of up to 255 slots has group 0 only), or [`SPLIT`].
+    pub part: u32,
 }
 
-/// A window a chain needs, and how many endpoints it holds (which decides how full its map is).
+/// The part of the window of the split between a port's slot groups.
+pub(crate) const SPLIT: u32 = u32::MAX;
+
+impl WindowId {
+    /// Window `part` of `chain`.
+    pub(crate) fn new(family: IpFamily, chain: &str, part: u32) -> WindowId {
+        WindowId { family, chain: chain.to_string(), part }
+    }
+}
+
+/// The windows a balancing chain needs: one per slot group of its port (and one for the split
+/// between them, with more than one), each as full as the chain's endpoints in that group.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct WindowDemand {
-    pub id: WindowId,
-    pub endpoints: u32,
+    pub family: IpFamily,
+    pub chain: String,
+    /// The service port whose affinity slots decide the groups; none: one window.
+    pub port: Option<AffinityId>,
+    /// The chain's endpoints (which decide how full each window's map is).
+    pub endpoints: Vec<SlotTarget>,
 }
 
-/// Where a chain's endpoints are: map shard and window offset.
+/// Where a window is: map shard and offset.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Slot {
     pub shard: u32,
@@ -200,26 +221,23 @@ impl Placement {
                 p.seat(service, demand, prior_affinity.get(&demand.id));
             }
         }
-        let demands: Vec<(NamespacedName, Vec<WindowDemand>)> =
-            demands.into_iter().map(|(service, d)| (service, d.windows)).collect();
+        let demands: Vec<(NamespacedName, Vec<(WindowId, u32)>)> =
+            demands.into_iter().map(|(service, d)| (service, p.expand(&d.windows))).collect();
         // First the windows that stay, so that nothing new lands on them.
         let mut taken: BTreeSet<(IpFamily, u32, u32)> = BTreeSet::new();
         for (service, wanted) in &demands {
-            for demand in wanted {
-                let Some(slot) = prior.get(&demand.id) else { continue };
-                let at = (demand.id.family, slot.shard, slot.window());
+            for (id, load) in wanted {
+                let Some(slot) = prior.get(id) else { continue };
+                let at = (id.family, slot.shard, slot.window());
                 if slot.offset % WINDOW != 0 || slot.window() >= SHARD_WINDOWS || !taken.insert(at) {
                     continue;
                 }
-                let shard = p.shards.entry(demand.id.family).or_default().entry(slot.shard).or_default();
+                let shard = p.shards.entry(id.family).or_default().entry(slot.shard).or_default();
                 shard.top = shard.top.max(slot.window() + 1);
-                shard.load = shard.load.saturating_add(demand.endpoints);
+                shard.load = shard.load.saturating_add(*load);
                 shard.blocks += 1;
-                p.blocks.insert(
-                    demand.id.clone(),
-                    Block { shard: slot.shard, window: slot.window(), load: demand.endpoints },
-                );
-                p.services.entry(service.clone()).or_default().push(demand.id.clone());
+                p.blocks.insert(id.clone(), Block { shard: slot.shard, window: slot.window(), load: *load });
+                p.services.entry(service.clone()).or_default().push(id.clone());
             }
         }
         for (family, shards) in &mut p.shards {
@@ -228,10 +246,10 @@ impl Placement {
             }
         }
         for (service, wanted) in demands {
-            for demand in wanted {
-                if !p.blocks.contains_key(&demand.id) {
-                    p.allocate(&demand);
-                    p.services.entry(service.clone()).or_default().push(demand.id);
+            for (id, load) in wanted {
+                if !p.blocks.contains_key(&id) {
+                    p.allocate(&id, load);
+                    p.services.entry(service.clone()).or_default().push(id);
                 }
             }
         }
@@ -248,25 +266,25 @@ impl Placement {
         for demand in &demands.affinity {
             self.seat(service, demand, prior.remove(&demand.id).as_ref());
         }
-        let demands = demands.windows.as_slice();
+        let demands = self.expand(&demands.windows);
         let old = self.services.remove(service).unwrap_or_default();
-        for id in old.iter().filter(|id| !demands.iter().any(|d| d.id == **id)) {
+        for id in old.iter().filter(|id| !demands.iter().any(|(d, _)| d == *id)) {
             self.release(id);
         }
-        for demand in demands {
-            match self.blocks.get_mut(&demand.id) {
+        for (id, load) in &demands {
+            match self.blocks.get_mut(id) {
                 Some(block) => {
-                    let shards = self.shards.get_mut(&demand.id.family);
+                    let shards = self.shards.get_mut(&id.family);
                     if let Some(shard) = shards.and_then(|s| s.get_mut(&block.shard)) {
-                        shard.load = shard.load.saturating_sub(block.load).saturating_add(demand.endpoints);
+                        shard.load = shard.load.saturating_sub(block.load).saturating_add(*load);
                     }
-                    block.load = demand.endpoints;
+                    block.load = *load;
                 }
-                None => self.allocate(demand),
+                None => self.allocate(id, *load),
             }
         }
         if !demands.is_empty() {
-            self.services.insert(service.clone(), demands.iter().map(|d| d.id.clone()).collect());
+            self.services.insert(service.clone(), demands.into_iter().map(|(id, _)| id).collect());
         }
         self.drop_empty_shards();
     }
@@ -322,20 +340,46 @@ impl Placement {
         }
     }
 
-    fn allocate(&mut self, demand: &WindowDemand) {
-        let n = demand.endpoints;
-        let shards = self.shards.entry(demand.id.family).or_default();
+    /// The windows chains need, with how many endpoints each holds: one per slot group of the
+    /// chain's port (as seated: call after seating), and the split's with more than one.
+    fn expand(&self, demands: &[WindowDemand]) -> Vec<(WindowId, u32)> {
+        let count = |n: usize| u32::try_from(n).unwrap_or(u32::MAX);
+        let mut out = Vec::new();
+        for demand in demands {
+            let slots = demand.port.as_ref().and_then(|p| self.affinity.get(p)).filter(|s| s.grouped());
+            let Some(slots) = slots else {
+                out.push((WindowId::new(demand.family, &demand.chain, 0), count(demand.endpoints.len())));
+                continue;
+            };
+            let index = slots.index();
+            let mut loads = vec![0usize; slots.groups()];
+            for ep in &demand.endpoints {
+                if let Some(load) = index.get(ep).and_then(|j| loads.get_mut(AffinitySlots::group_of(*j).0)) {
+                    *load += 1;
+                }
+            }
+            for (g, load) in loads.into_iter().enumerate() {
+                let part = u32::try_from(g).unwrap_or(u32::MAX);
+                out.push((WindowId::new(demand.family, &demand.chain, part), count(load)));
+            }
+            out.push((WindowId::new(demand.family, &demand.chain, SPLIT), 0));
+        }
+        out
+    }
+
+    fn allocate(&mut self, id: &WindowId, n: u32) {
+        let shards = self.shards.entry(id.family).or_default();
         let fits = |s: &Shard| s.has_window() && s.load.saturating_add(n) <= SHARD_LOAD;
-        let id = match shards.iter().find(|(_, s)| fits(s)) {
-            Some((id, _)) => *id,
+        let shard = match shards.iter().find(|(_, s)| fits(s)) {
+            Some((number, _)) => *number,
             // The lowest unused shard number, so names stay small and are reused.
             None => (0..).find(|i| !shards.contains_key(i)).unwrap_or(0),
         };
-        let shard = shards.entry(id).or_default();
-        let window = shard.take_window().unwrap_or(0);
-        shard.load = shard.load.saturating_add(n);
-        shard.blocks += 1;
-        self.blocks.insert(demand.id.clone(), Block { shard: id, window, load: n });
+        let entry = shards.entry(shard).or_default();
+        let window = entry.take_window().unwrap_or(0);
+        entry.load = entry.load.saturating_add(n);
+        entry.blocks += 1;
+        self.blocks.insert(id.clone(), Block { shard, window, load: n });
     }
 
     fn release(&mut self, id: &WindowId) {
@@ -367,6 +411,7 @@ impl SlotLookup for Placement {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::plan::affinity::AffinityDemand;
 
     const F: IpFamily = IpFamily::V4;
 
@@ -375,11 +420,15 @@ mod tests {
     }
 
     fn id(chain: &str) -> WindowId {
-        WindowId { family: F, chain: chain.to_string() }
+        WindowId::new(F, chain, 0)
+    }
+
+    fn endpoints(n: u32) -> Vec<SlotTarget> {
+        (0..n).map(|i| (std::net::IpAddr::from(std::net::Ipv4Addr::from((10u32 << 24) + i)), 80)).collect()
     }
 
     fn want(chain: &str, n: u32) -> WindowDemand {
-        WindowDemand { id: id(chain), endpoints: n }
+        WindowDemand { family: F, chain: chain.to_string(), port: None, endpoints: endpoints(n) }
     }
 
     fn windows(windows: Vec<WindowDemand>) -> Demands {
@@ -432,9 +481,9 @@ mod tests {
         assert_eq!(p.slot(&id("big")), Some(at(0, 0)));
         assert_eq!(p.slot(&id("next")), Some(at(1, 0)), "map 0 is full");
         assert_eq!(p.slot(&id("small")), Some(at(0, 1)), "map 0 still takes what fits");
-        let v6 = WindowDemand { id: WindowId { family: IpFamily::V6, ..id("a") }, endpoints: 3 };
-        p.update_service(&svc("a"), &windows(vec![v6.clone()]));
-        assert_eq!(p.slot(&v6.id), Some(at(0, 0)), "families are separate spaces");
+        let v6 = WindowDemand { family: IpFamily::V6, ..want("a", 3) };
+        p.update_service(&svc("a"), &windows(vec![v6]));
+        assert_eq!(p.slot(&WindowId::new(IpFamily::V6, "a", 0)), Some(at(0, 0)), "families are separate spaces");
         p.update_service(&svc("next"), &Demands::default());
         assert_eq!(p.shards[&F].len(), 1, "map 1 was dropped when it emptied");
     }
@@ -465,5 +514,34 @@ mod tests {
         assert_eq!(p.slot(&id("odd")), Some(at(0, 2)), "an offset that is not a window is not kept");
         assert_eq!(p.slot(&id("x")), Some(at(0, 4)), "x claimed a's window: it gets a free one");
         assert_eq!(p.slot(&id("gone")), None);
+    }
+    /// A service whose affinity port has `n` endpoints, with its cluster chain's windows.
+    fn affine(name: &str, n: u32) -> Demands {
+        let port = AffinityId { family: F, base: name.to_string() };
+        let chain = WindowDemand { port: Some(port.clone()), ..want(name, n) };
+        Demands { windows: vec![chain], affinity: vec![AffinityDemand { id: port, endpoints: endpoints(n) }] }
+    }
+
+    #[test]
+    fn each_slot_group_and_the_split_have_a_window_placed_like_a_port_of_their_own() {
+        let mut p = Placement::new();
+        p.update_service(&svc("small"), &affine("small", 3));
+        assert_eq!(p.placed(&svc("small")).windows, vec![(id("small"), at(0, 0))], "one group: one window");
+        // 1,600 endpoints, 2,000 slots: 8 groups (6 of 255 endpoints, one of 70, one empty) and
+        // the split.
+        p.update_service(&svc("big"), &affine("big", 1600));
+        let placed = p.placed(&svc("big")).windows;
+        assert_eq!(placed.len(), 9);
+        let part = |g: u32| p.slot(&WindowId::new(F, "big", g)).unwrap();
+        // Map 0 holds small's 3 endpoints and four groups of 255 (1,023 of its 1,024), map 1 the
+        // next groups; the empty group and the split (no endpoints) fit map 0.
+        assert_eq!((part(0), part(1), part(2), part(3)), (at(0, 1), at(0, 2), at(0, 3), at(0, 4)));
+        assert_eq!((part(4), part(5), part(6), part(7)), (at(1, 0), at(1, 1), at(1, 2), at(0, 5)));
+        assert_eq!(p.slot(&WindowId::new(F, "big", SPLIT)), Some(at(0, 6)));
+        assert_eq!(p.maps().len(), 6, "two maps of each kind");
+        // Shrinking to one group gives the other windows back.
+        p.update_service(&svc("big"), &affine("big", 100));
+        assert_eq!(p.placed(&svc("big")).windows, vec![(id("big"), at(0, 1))]);
+        assert_eq!(p.maps().len(), 3);
     }
 }

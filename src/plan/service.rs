@@ -6,10 +6,10 @@ use std::sync::Arc;
 
 use ipnet::IpNet;
 
-use super::affinity::{AffinityDemand, AffinityId, AffinitySlots};
+use super::affinity::{AffinityDemand, AffinityId, AffinitySlots, GROUP_SLOTS, weighted_ranges};
 use super::endpoints::{Categorized, NodeView, categorize};
 use super::objects::*;
-use super::placement::{self, Demands, SlotLookup, WindowDemand, WindowId};
+use super::placement::{self, Demands, SPLIT, Slot, SlotLookup, WindowDemand, WindowId};
 use super::{Fragment, PlanInput, ServicePlan, external_local_short_circuits, goto, jump, names};
 use crate::model::{Endpoint, ServicePort};
 use crate::net::IpFamily;
@@ -80,16 +80,20 @@ impl<'a> PortPlan<'a> {
         if self.balanced() {
             return;
         }
-        let mut demand = |chain: String, n: usize| {
-            let id = WindowId { family: self.family, chain };
-            out.windows.push(WindowDemand { id, endpoints: u32::try_from(n).unwrap_or(u32::MAX) });
+        let mut demand = |chain: String, endpoints: &[Endpoint]| {
+            out.windows.push(WindowDemand {
+                family: self.family,
+                chain,
+                port: Some(self.affinity_id()),
+                endpoints: endpoints.iter().map(|ep| (ep.ip, ep.port)).collect(),
+            });
         };
         let (cluster, local) = (self.uses_cluster_chain(), self.uses_local_chain());
         if cluster {
-            demand(format!("service-{}", self.base), self.cat.cluster.len());
+            demand(format!("service-{}", self.base), &self.cat.cluster);
         }
         if local {
-            demand(format!("local-{}", self.base), self.cat.local.len());
+            demand(format!("local-{}", self.base), &self.cat.local);
         }
         if cluster || local {
             out.affinity.push(AffinityDemand {
@@ -326,10 +330,11 @@ impl<'a> PortPlan<'a> {
     }
 
     /// A chain balancing over `endpoints` with ClientIP affinity (only such ports have chains of
-    /// their own), and its elements: per slot a sticky check, per slot a record, then the choice
-    /// by hash (see [`super::affinity`]). Only the endpoints that have a slot are balanced over.
-    /// Without a window or slots (the placement places every demand, so only a bug gets here)
-    /// the chain gets a plain DNAT to its first endpoint rather than a rule naming no window.
+    /// their own), and its elements: per slot a sticky check, per slot a record, then per slot
+    /// group the choice by hash, gated by the group split when there are several groups (see
+    /// [`super::affinity`]). Only the endpoints that have a slot are balanced over. Without a
+    /// window or slots (the placement places every demand, so only a bug gets here) the chain
+    /// gets a plain DNAT to its first endpoint rather than a rule naming no window.
     fn write_affinity_chain(
         &self,
         table: &mut Fragment,
@@ -341,9 +346,15 @@ impl<'a> PortPlan<'a> {
     ) {
         let family = self.family;
         let mut chain = Chain::regular(chain_name, owner.clone());
-        let window = slots.slot(&WindowId { family, chain: chain_name.to_string() });
         let seats = slots.affinity(&self.affinity_id());
-        let (Some(window), Some(seats)) = (window, seats) else {
+        // The windows: one per slot group, and the split's when there are several groups.
+        let windows: Option<(Vec<Slot>, Option<Slot>)> = seats.and_then(|seats| {
+            let window = |part: u32| slots.slot(&WindowId::new(family, chain_name, part));
+            let groups = (0..seats.groups()).map(|g| window(u32::try_from(g).ok()?)).collect::<Option<Vec<Slot>>>()?;
+            let split = if seats.grouped() { Some(window(SPLIT)?) } else { None };
+            Some((groups, split))
+        });
+        let (Some(seats), Some((groups, split))) = (seats, windows) else {
             tracing::error!(
                 chain = chain_name,
                 "no endpoint window or affinity slots placed for a balancing chain; using its first endpoint"
@@ -354,8 +365,9 @@ impl<'a> PortPlan<'a> {
             table.own.add_chain(chain);
             return;
         };
+        let slot_of = seats.index();
         let seated: Vec<(&Endpoint, usize)> =
-            endpoints.iter().filter_map(|ep| Some((ep, seats.slot_of((ep.ip, ep.port))?))).collect();
+            endpoints.iter().filter_map(|ep| Some((ep, *slot_of.get(&(ep.ip, ep.port))?))).collect();
         if seated.len() < endpoints.len() {
             tracing::warn!(
                 service = %self.sp.name,
@@ -364,47 +376,104 @@ impl<'a> PortPlan<'a> {
                 "more endpoints than a port with session affinity has slots: the rest get no traffic"
             );
         }
-        let n = u32::try_from(seated.len()).unwrap_or(u32::MAX);
-        let shard = window.shard;
-        let (endpoint_map, windows_map, targets_map) =
-            (SharedSet::EndpointMap(shard), SharedSet::SlotWindows(shard), SharedSet::SlotTargets(shard));
+        // Each group's maps are those of the shard its window is in.
+        let maps = |window: Slot| {
+            (
+                SharedSet::EndpointMap(window.shard),
+                SharedSet::SlotWindows(window.shard),
+                SharedSet::SlotTargets(window.shard),
+            )
+        };
+        let name = |set: SharedSet| set.name().into_owned();
         let l4proto = Stmt::Cmp { sel: Selector::L4Proto, op: CmpOp::Eq, value: Value::Proto(self.sp.name.protocol) };
         let clients = names::affinity_set(&self.base);
-        let (targets, windows) = (targets_map.name().into_owned(), windows_map.name().into_owned());
         let slot_number = |j: usize| u32::try_from(j).unwrap_or(u32::MAX);
         for j in 0..seats.capacity() {
-            let (slot, key) = (slot_number(j), AffinitySlots::target_key(window.offset, j));
+            let window = groups[AffinitySlots::group_of(j).0];
+            let (slot, key, targets) =
+                (slot_number(j), AffinitySlots::target_key(window.offset, j), name(maps(window).2));
             chain.push(Rule::new(vec![
                 Stmt::SlotLookup { family, slot, set: clients.clone() },
                 Stmt::KeyLookup { key, set: targets.clone() },
                 Stmt::UpdateSlot { family, slot, set: clients.clone() },
                 l4proto.clone(),
-                Stmt::DnatKeyMap { family, key, map: targets.clone() },
+                Stmt::DnatKeyMap { family, key, map: targets },
             ]));
         }
-        for j in 0..seats.capacity() {
-            chain.push(Rule::new(vec![
-                Stmt::HashLookup { family, hash: seats.record(window.offset, j), set: windows.clone() },
-                Stmt::UpdateSlot { family, slot: slot_number(j), set: clients.clone() },
-            ]));
+        // Per group its records and its choice: in the chain itself with one group; with several,
+        // in a chain per group, which the chain reaches by the split's hash (one `goto` each).
+        let proto = self.sp.name.protocol;
+        let mut group_chains = Vec::new();
+        for (g, window) in groups.iter().enumerate() {
+            let first = g * GROUP_SLOTS;
+            let mut rules: Vec<Rule> = (first..first + seats.group_capacity(g))
+                .map(|j| {
+                    Rule::new(vec![
+                        Stmt::HashLookup { family, hash: seats.record(window.offset, j), set: name(maps(*window).1) },
+                        Stmt::UpdateSlot { family, slot: slot_number(j), set: clients.clone() },
+                    ])
+                })
+                .collect();
+            let (hash, map) = (seats.choice(window.offset, g), name(maps(*window).0));
+            rules.push(Rule::new(vec![Stmt::DnatHashMap { family, proto, hash, map }]).with_comment(&**comment));
+            let Some(split) = split else {
+                rules.into_iter().for_each(|r| chain.push(r));
+                continue;
+            };
+            let group_name = names::group_chain(chain_name, g);
+            let (hash, set) = (seats.group_check(split.offset, g), name(SharedSet::SlotWindows(split.shard)));
+            chain.push(Rule::new(vec![Stmt::HashLookup { family, hash, set }, goto(&group_name)]));
+            let mut group_chain = Chain::regular(&group_name, owner.clone());
+            rules.into_iter().for_each(|r| group_chain.push(r));
+            group_chains.push(group_chain);
         }
-        let map = endpoint_map.name().into_owned();
-        let (proto, hash) = (self.sp.name.protocol, seats.choice(window.offset));
-        chain.push(Rule::new(vec![Stmt::DnatHashMap { family, proto, hash, map }]).with_comment(&**comment));
-        let ranges = placement::ranges_in(window.offset, n, seats.modulus());
-        for ((lo, hi), (ep, j)) in ranges.into_iter().zip(seated) {
-            let target = || vec![Value::Addr(ep.ip), Value::Port(ep.port)];
-            let element = |data: Element| data.with_comment(Arc::clone(comment));
-            table.add(endpoint_map, vec![Value::IndexRange(lo, hi)], element(Element::values(target(), owner.clone())));
-            let shift = seats.shift(j);
-            table.add(
-                windows_map,
-                vec![Value::IndexRange(lo + shift, hi + shift)],
-                element(Element::key_only(owner.clone())),
-            );
-            let key = AffinitySlots::target_key(window.offset, j);
-            table.add(targets_map, vec![Value::Index(key)], element(Element::values(target(), owner.clone())));
+        // Each group's endpoints split its hash range, in planning order.
+        let mut members: Vec<Vec<(&Endpoint, usize)>> = vec![Vec::new(); seats.groups()];
+        for (ep, j) in seated {
+            if let Some(group) = members.get_mut(AffinitySlots::group_of(j).0) {
+                group.push((ep, j));
+            }
         }
+        let element = |data: Element| data.with_comment(Arc::clone(comment));
+        for (g, (group, window)) in members.iter().zip(&groups).enumerate() {
+            let n = u32::try_from(group.len()).unwrap_or(u32::MAX);
+            if n == 0 {
+                continue;
+            }
+            let (endpoint_map, windows_map, targets_map) = maps(*window);
+            for ((lo, hi), (ep, j)) in placement::ranges_in(window.offset, n, seats.modulus(g)).into_iter().zip(group) {
+                let target = || vec![Value::Addr(ep.ip), Value::Port(ep.port)];
+                table.add(
+                    endpoint_map,
+                    vec![Value::IndexRange(lo, hi)],
+                    element(Element::values(target(), owner.clone())),
+                );
+                let shift = seats.shift(*j);
+                table.add(
+                    windows_map,
+                    vec![Value::IndexRange(lo + shift, hi + shift)],
+                    element(Element::key_only(owner.clone())),
+                );
+                let key = AffinitySlots::target_key(window.offset, *j);
+                table.add(targets_map, vec![Value::Index(key)], element(Element::values(target(), owner.clone())));
+            }
+        }
+        if let Some(split) = split {
+            // The split: each group's share of the split's range in proportion to its endpoints,
+            // at the group's own offset (its gate's).
+            let weights: Vec<u32> = members.iter().map(|m| u32::try_from(m.len()).unwrap_or(u32::MAX)).collect();
+            for (g, range) in weighted_ranges(seats.split_modulus(), &weights).into_iter().enumerate() {
+                let Some((lo, hi)) = range else { continue };
+                let at = seats.group_check(split.offset, g).offset;
+                table.add(
+                    SharedSet::SlotWindows(split.shard),
+                    vec![Value::IndexRange(at + lo, at + hi)],
+                    element(Element::key_only(owner.clone())),
+                );
+            }
+        }
+        // The group chains first, so that the chain's gotos name existing chains.
+        group_chains.into_iter().for_each(|c| table.own.add_chain(c));
         table.own.add_chain(chain);
     }
 }

@@ -391,10 +391,85 @@ endpoints:
 - {addresses: ["10.180.0.9"], nodeName: node2}
 "#;
 
+/// A service `ns/NAME` on `cluster_ip` port 80 (TCP) with `n` ready endpoints 10.100.x.y:8080
+/// on node2 (`local`: half of them on node1), with ClientIP affinity when `affine`.
+pub(crate) fn affine_service(name: &str, cluster_ip: &str, n: u32, affine: bool) -> String {
+    let affinity = if affine { "\n  sessionAffinity: ClientIP" } else { "" };
+    let endpoints: String = (0..n)
+        .map(|i| format!("- {{addresses: [\"10.100.{}.{}\"], nodeName: node{}}}\n", i / 250, i % 250 + 1, 1 + i % 2))
+        .collect();
+    format!(
+        "apiVersion: v1\nkind: Service\nmetadata: {{name: {name}, namespace: ns}}\nspec:\n  clusterIP: {cluster_ip}{affinity}\n  ports: [{{name: http, port: 80, protocol: TCP}}]\n---\napiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata: {{name: {name}-1, namespace: ns, labels: {{kubernetes.io/service-name: {name}}}}}\naddressType: IPv4\nports: [{{name: http, port: 8080, protocol: TCP}}]\nendpoints:\n{endpoints}"
+    )
+}
+
 #[test]
 fn affinity_golden() {
     let p = plan_with(&config(), &state(AFFINITY));
     assert_golden("affinity.nft", &p.ruleset.to_string());
+}
+
+/// What `explain` predicts for a new TCP connection from a pod to `dst` over `plan`: per
+/// endpoint its share, and the slot the connection is recorded in (affinity).
+fn predicted(plan: &Plan, dst: &str) -> Vec<(std::net::IpAddr, f64, Option<u32>)> {
+    use crate::explain::{Connection, LocalAddresses, Verdict, explain};
+    let dst: std::net::SocketAddr = dst.parse().unwrap();
+    let connection = Connection {
+        source: "10.180.9.9".parse().unwrap(),
+        source_port: 40000,
+        destination: dst.ip(),
+        destination_port: dst.port(),
+        protocol: 6,
+        local: false,
+        input_interface: None,
+    };
+    let e = explain(&wire(plan), "nftproxy", "manifests", &LocalAddresses::default(), &connection).unwrap();
+    e.outcomes
+        .iter()
+        .map(|o| {
+            assert_eq!(o.verdict, Verdict::Dnat, "{}", o.reason);
+            let slot = o.affinity_updates.iter().find_map(|u| u.rsplit_once(" . ")?.1.strip_suffix(" }")?.parse().ok());
+            (o.endpoint.unwrap().0, o.share, slot)
+        })
+        .collect()
+}
+
+/// A port with more affine endpoints than one window of slots holds (255) splits its slots in
+/// groups: every endpoint is still reached, new clients spread evenly over all of them, and a
+/// client is recorded in the slot of the endpoint it is sent to (so it sticks there).
+#[test]
+fn every_endpoint_of_a_large_affine_port_is_reached_and_recorded_in_its_slot() {
+    for n in [1500, 5000] {
+        let mut placement = Placement::new();
+        let plan = plan_after(&config(), &state(&affine_service("many", "172.30.9.9", n, true)), &mut placement);
+        let slots: Vec<_> = placement.affinity_slots().collect();
+        let [(_, slots)] = slots.as_slice() else { panic!("one affine port") };
+        assert!(slots.grouped(), "{n} endpoints: {} slots", slots.capacity());
+        let bound = slots.index();
+        let outcomes = predicted(&plan, "172.30.9.9:80");
+        let reached: BTreeSet<_> = outcomes.iter().map(|(ep, _, _)| *ep).collect();
+        assert_eq!((outcomes.len(), reached.len()), (n as usize, n as usize), "every endpoint, once");
+        let total: f64 = outcomes.iter().map(|(_, s, _)| s).sum();
+        assert!((total - 1.0).abs() < 1e-9, "{total}");
+        let fair = 1.0 / f64::from(n);
+        for (ep, share, slot) in &outcomes {
+            assert!((share / fair - 1.0).abs() < 0.1, "{ep}: {share} against {fair}");
+            let want = bound.get(&(*ep, 8080)).map(|j| u32::try_from(*j).unwrap());
+            assert_eq!(*slot, want, "{ep} is recorded in its own slot");
+        }
+    }
+}
+
+/// A balanced port of thousands of endpoints (no affinity) gets its map and rule for its
+/// count, and `explain` sees each endpoint's share.
+#[test]
+fn a_large_balanced_port_reaches_every_endpoint_evenly() {
+    let plan = plan_with(&config(), &state(&affine_service("many", "172.30.9.9", 5000, false)));
+    let text = plan.ruleset.to_string();
+    assert!(text.contains("numgen random mod 5000 map @service-endpoints-5000"));
+    let outcomes = predicted(&plan, "172.30.9.9:80");
+    assert_eq!(outcomes.len(), 5000);
+    assert!(outcomes.iter().all(|(_, share, slot)| (share * 5000.0 - 1.0).abs() < 1e-9 && slot.is_none()));
 }
 
 /// Dual-stack (`nft-templates/dualstack.nft`): an IPv6-primary NodePort service with IPv4 too.

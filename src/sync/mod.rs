@@ -37,9 +37,9 @@ use crate::nft::lower::{lower_ruleset, lower_table};
 use crate::nft::wire::{NumgenWindow, WireData, WireKey, address_from_bytes};
 use crate::nft::wire::{WireRuleset, WireTable, consts};
 use crate::nodeaddr::NodePortTargets;
-use crate::plan::affinity::{AffinityId, AffinitySlots, SlotTarget};
-use crate::plan::placement::{Demands, Placed, Placement, Slot, SlotFlush, WindowId};
-use crate::plan::{self, ConntrackTarget, HealthCheck, PlanInput, PlanStats, SharedSet};
+use crate::plan::affinity::{AffinityId, AffinitySlots, GROUP_SLOTS, SlotTarget};
+use crate::plan::placement::{Demands, Placed, Placement, SPLIT, Slot, SlotFlush, WindowId};
+use crate::plan::{self, ConntrackTarget, HealthCheck, PlanInput, PlanStats, SharedSet, names};
 use delta::{Delta, View};
 use programmed::{Change, Fragments, Programmed, ProgrammedService};
 pub use status::{FamilyEndpoints, PortState, PortStatus, StatusQuery, SyncStatus};
@@ -800,32 +800,74 @@ fn found_placement(kernel: &WireRuleset) -> Placed {
     out
 }
 
-/// The endpoint windows of one table's balancing rules.
+/// The endpoint windows of one table's balancing rules: a chain's choice is its window (its
+/// slot group 0's); a chain whose port has more than 255 slots has a chain per slot group
+/// (`…_gG`), whose choice is group G's window, and reaches them through the split's window (the
+/// offset of its first lookup in `affinity-windows-N`).
 fn found_windows(family: IpFamily, rules: &[NumgenWindow]) -> Vec<(WindowId, Slot)> {
-    let mut out = Vec::new();
+    let window = plan::placement::WINDOW;
+    let mut out: BTreeMap<(&str, u32), Slot> = BTreeMap::new();
     for found in rules {
         let Some(SharedSet::EndpointMap(shard)) = SharedSet::from_name(&found.map) else { continue };
-        if !AffinitySlots::is_modulus(found.modulus) || found.offset % plan::placement::WINDOW != 0 {
+        if !AffinitySlots::is_modulus(found.modulus) || found.offset % window != 0 {
             continue;
         }
-        let id = WindowId { family, chain: found.chain.clone() };
-        out.push((id, Slot { shard, offset: found.offset }));
+        let (chain, part) = match names::of_group_chain(&found.chain) {
+            Some((chain, g)) => (chain, u32::try_from(g).unwrap_or(u32::MAX)),
+            None => (found.chain.as_str(), 0),
+        };
+        out.entry((chain, part)).or_insert(Slot { shard, offset: found.offset });
     }
-    out
+    let grouped = grouped_chains(rules);
+    let mut first: BTreeMap<&str, &NumgenWindow> = BTreeMap::new();
+    for found in rules.iter().filter(|r| grouped.contains(r.chain.as_str())) {
+        if matches!(SharedSet::from_name(&found.map), Some(SharedSet::SlotWindows(_))) {
+            let at = first.entry(found.chain.as_str()).or_insert(found);
+            if found.rule < at.rule {
+                *at = found;
+            }
+        }
+    }
+    for (chain, found) in first {
+        if let Some(SharedSet::SlotWindows(shard)) = SharedSet::from_name(&found.map) {
+            out.insert((chain, SPLIT), Slot { shard, offset: found.offset - found.offset % window });
+        }
+    }
+    out.into_iter().map(|((chain, part), slot)| (WindowId::new(family, chain, part), slot)).collect()
+}
+
+/// The balancing chains that have chains per slot group.
+fn grouped_chains(rules: &[NumgenWindow]) -> BTreeSet<&str> {
+    rules.iter().filter_map(|r| Some(names::of_group_chain(&r.chain)?.0)).collect()
 }
 
 /// The affinity slots of one table: the slot count from a balancing chain's record rules (one
-/// per slot), the bindings from the `affinity-targets-N` maps.
+/// per slot: the rules that look a hash up in `affinity-windows-N` and not in
+/// `affinity-endpoints-N`, in the chain or its group chains), the bindings from the
+/// `affinity-targets-N` maps (a key at place `i` of the window of slot group `g` is slot
+/// `255·g + i`).
 fn found_affinity(
     table: &WireTable,
     rules: &[NumgenWindow],
     windows: &[(WindowId, Slot)],
 ) -> Vec<(AffinityId, AffinitySlots)> {
+    let choice_rules: BTreeSet<(&str, usize)> = rules
+        .iter()
+        .filter(|r| matches!(SharedSet::from_name(&r.map), Some(SharedSet::EndpointMap(_))))
+        .map(|r| (r.chain.as_str(), r.rule))
+        .collect();
+    let grouped = grouped_chains(rules);
+    // A grouped chain's own lookups in `affinity-windows-N` choose the group: not records.
+    let record_rules: BTreeSet<(&str, usize)> = rules
+        .iter()
+        .filter(|r| matches!(SharedSet::from_name(&r.map), Some(SharedSet::SlotWindows(_))))
+        .map(|r| (r.chain.as_str(), r.rule))
+        .filter(|rule| !choice_rules.contains(rule) && !grouped.contains(rule.0))
+        .collect();
     let mut records: BTreeMap<&str, usize> = BTreeMap::new();
-    for record in rules {
-        if let Some(SharedSet::SlotWindows(_)) = SharedSet::from_name(&record.map) {
-            *records.entry(record.chain.as_str()).or_default() += 1;
-        }
+    for (chain, _) in record_rules {
+        let chain = names::of_group_chain(chain).map_or(chain, |(chain, _)| chain);
+        *records.entry(chain).or_default() += 1;
     }
     let mut capacity: BTreeMap<String, usize> = BTreeMap::new();
     for (chain, n) in records {
@@ -835,18 +877,23 @@ fn found_affinity(
             *c = (*c).max(n);
         }
     }
-    let chain_at: BTreeMap<(u32, u32), &str> =
-        windows.iter().map(|(id, slot)| ((slot.shard, slot.offset), id.chain.as_str())).collect();
+    // Every group window of every chain: (shard, offset) → (chain, group).
+    let chain_at: BTreeMap<(u32, u32), (&str, usize)> = windows
+        .iter()
+        .filter(|(id, _)| id.part != SPLIT)
+        .map(|(id, slot)| ((slot.shard, slot.offset), (id.chain.as_str(), id.part as usize)))
+        .collect();
     let mut bound: BTreeMap<String, Vec<(usize, SlotTarget)>> = BTreeMap::new();
     for set in table.sets.values() {
         let Some(SharedSet::SlotTargets(shard)) = SharedSet::from_name(&set.name) else { continue };
         for (key, element) in set.elements.iter() {
             let Ok(key) = <[u8; 4]>::try_from(key.bytes.as_slice()).map(u32::from_ne_bytes) else { continue };
-            let (window, j) = AffinitySlots::slot_of_key(key);
-            let Some(base) = chain_at.get(&(shard, window)).and_then(|c| port_base(c)) else { continue };
+            let (window, i) = AffinitySlots::slot_of_key(key);
+            let Some((chain, group)) = chain_at.get(&(shard, window)) else { continue };
+            let Some(base) = port_base(chain) else { continue };
             let WireData::Bytes(data) = &element.data else { continue };
             if let Some(target) = target_of(table.family, data) {
-                bound.entry(base.to_string()).or_default().push((j, target));
+                bound.entry(base.to_string()).or_default().push((group * GROUP_SLOTS + i, target));
             }
         }
     }

@@ -122,14 +122,14 @@ fn windows_found_in_the_kernel_are_read_from_its_balancing_rules() {
     table.add_set(targets);
     let kernel = lower_ruleset(&Ruleset { tables: vec![table] });
     let crate::plan::placement::Placed { windows: found, affinity } = found_placement(&kernel);
-    let id = |chain: &str| WindowId { family: IpFamily::V4, chain: chain.to_string() };
+    let id = |chain: &str| WindowId::new(IpFamily::V4, chain, 0);
     // The `endpoints-N` windows of an earlier version's chains are not read: nothing uses them
     // (the restart deletes those chains and maps).
     assert_eq!(
         found,
         vec![
-            (id("service-X"), Slot { shard: 1, offset: window }),
             (id("local-X"), Slot { shard: 1, offset: 2 * window }),
+            (id("service-X"), Slot { shard: 1, offset: window }),
         ]
     );
     assert_eq!(affinity.len(), 1);
@@ -139,6 +139,35 @@ fn windows_found_in_the_kernel_are_read_from_its_balancing_rules() {
     assert_eq!(slots.slot_of(([10, 0, 0, 2].into(), 80)), Some(2));
     assert_eq!(slots.slot_of(([10, 0, 0, 7].into(), 80)), Some(0));
     assert_eq!(slots.slot_of(([10, 0, 0, 9].into(), 80)), None);
+}
+
+/// A port with thousands of affine endpoints has its slots in groups, each in a window of its
+/// own: a restart finds each chain's first window and every slot's binding where planning put
+/// them.
+#[test]
+fn grouped_affinity_slots_are_found_where_they_were_placed() {
+    use crate::plan::placement::Placement;
+    use crate::plan::tests::{AFFINITY, affine_service, plan_after};
+    let yaml = format!("{AFFINITY}---\n{}", affine_service("many", "172.30.9.9", 1300, true));
+    let mut placement = Placement::new();
+    let plan = plan_after(&config(), &state(&yaml), &mut placement);
+    let found = found_placement(&lower_ruleset(&plan.ruleset));
+    let mut windows: Vec<_> = placement.windows().collect();
+    windows.sort_by(|a, b| a.0.cmp(&b.0));
+    let mut found_windows = found.windows.clone();
+    found_windows.sort_by(|a, b| a.0.cmp(&b.0));
+    assert_eq!(found_windows, windows);
+    let mut slots: Vec<_> = placement.affinity_slots().collect();
+    slots.sort_by(|a, b| a.0.cmp(&b.0));
+    let mut found_slots = found.affinity.clone();
+    found_slots.sort_by(|a, b| a.0.cmp(&b.0));
+    assert_eq!(found_slots.len(), 3);
+    assert!(
+        found_slots.iter().any(|(_, s)| s.grouped() && s.capacity() == 1625),
+        "{:?}",
+        found_slots.iter().map(|(i, s)| (i, s.capacity())).collect::<Vec<_>>()
+    );
+    assert_eq!(found_slots, slots);
 }
 
 fn shared_syncer(owned: bool) -> (SharedFake, Syncer) {
