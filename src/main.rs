@@ -63,7 +63,8 @@ fn main() -> ExitCode {
         run_args.kube_proxy = t.extras.clone();
     }
     // Flags win over the file's `logging.verbosity`, as upstream copies logging flags over it.
-    let verbose = if cli.verbose > 0 { cli.verbose } else { config_verbosity(&cli) };
+    let v_given = translated.as_ref().is_some_and(|t| t.extras.verbosity.is_some());
+    let verbose = if cli.verbose > 0 || v_given { cli.verbose } else { config_verbosity(&cli) };
     let default = match verbose {
         0 => "info",
         1 => "debug",

@@ -391,9 +391,17 @@ pub(crate) fn run(settings: RunSettings) -> Result<(), RunError> {
             );
         }
     }
+    // Upstream makes the check in nftables mode only (its nft binary must suit the kernel); a
+    // cluster that ran iptables mode on an older kernel is not stopped by the swap.
     let release = lifecycle::kernel_release();
     let skip = std::env::var_os(lifecycle::SKIP_KERNEL_CHECK).is_some_and(|v| !v.is_empty());
-    lifecycle::kernel_check(&release, skip).map_err(RunError::Kernel)?;
+    match lifecycle::kernel_check(&release, skip) {
+        Err(e) if settings.mode == ProxyMode::NfTables => return Err(RunError::Kernel(e)),
+        Err(e) => {
+            warn!(kernel = %release, "{e}; upstream checks this in nftables mode only, and the configuration names another mode: going on")
+        }
+        Ok(()) => {}
+    }
     if let Some(adj) = settings.oom_score_adj {
         lifecycle::set_oom_score_adj(adj);
     }
@@ -478,6 +486,13 @@ pub(crate) fn run(settings: RunSettings) -> Result<(), RunError> {
         started: SystemTime::now(),
         ipv6: lifecycle::ipv6_supported(),
     };
+    // As upstream's sync loop: healthy from the start (every family's time is now), so a
+    // first sync that never succeeds turns /healthz bad after the timeout, not before.
+    let mut start_families = vec![IpFamily::V4];
+    if observer.ipv6 {
+        start_families.push(IpFamily::V6);
+    }
+    observer.health.synced(&start_families);
     info!(hostname = %syncer.config().hostname, "nftproxy running");
     runner::run(&mut index, &mut syncer, &rx, &stop, settings.timing, gate, &mut observer)?;
     if !index.ready() {

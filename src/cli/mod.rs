@@ -96,7 +96,9 @@ pub struct RunArgs {
     /// A kubeconfig for the Kubernetes API (default: in-cluster service account).
     #[arg(long, value_name = "PATH")]
     pub kubeconfig: Option<String>,
-    /// A kube-proxy KubeProxyConfiguration file; flags given on the command line override it.
+    /// A kube-proxy KubeProxyConfiguration file. As in kube-proxy, it then decides every
+    /// kube-proxy setting but --hostname-override and the log format (flags beside it are
+    /// ignored, with a warning naming them).
     #[arg(long, value_name = "PATH")]
     pub config: Option<PathBuf>,
     #[command(flatten)]
@@ -112,12 +114,11 @@ pub struct RunArgs {
     /// ruleset generation) and the last read-back is less than an hour old.
     #[arg(long, value_name = "DURATION", default_value = "30s", value_parser = humantime::parse_duration)]
     pub sync_period: std::time::Duration,
-    /// Address of /healthz and /livez (empty disables; default `[::]:10256` when
-    /// --bind-address is IPv6).
+    /// Address of /healthz and /livez; a bare IP gets port 10256 (empty disables).
     #[arg(long, value_name = "IP:PORT", default_value = "0.0.0.0:10256")]
     pub healthz_bind_address: String,
-    /// Address of /metrics, /healthz and /proxyMode (empty disables; default `[::1]:10249`
-    /// when --bind-address is IPv6).
+    /// Address of /metrics, /healthz, /proxyMode and /configz; a bare IP gets port 10249
+    /// (empty disables).
     #[arg(long, value_name = "IP:PORT", default_value = "127.0.0.1:10249")]
     pub metrics_bind_address: String,
     /// Treat a failure to bind the healthz or metrics port as fatal and exit (otherwise it is
@@ -174,7 +175,11 @@ fn address_with_port(address: &str, port: Option<i32>, default_port: u16) -> Str
     match port {
         Some(0) => String::new(),
         _ if address.trim().is_empty() => String::new(),
-        Some(p) => config::kubeproxy::append_port_if_needed(address.trim(), u16::try_from(p).unwrap_or(default_port)),
+        // A port out of range is kept as given: validation refuses it with upstream's message.
+        Some(p) => match u16::try_from(p) {
+            Ok(p) => config::kubeproxy::append_port_if_needed(address.trim(), p),
+            Err(_) => format!("{}:{p}", address.trim()),
+        },
         None => config::kubeproxy::append_port_if_needed(address.trim(), default_port),
     }
 }
@@ -195,8 +200,17 @@ impl RunArgs {
             address_with_port(&self.metrics_bind_address, x.metrics_port, config::kubeproxy::METRICS_PORT);
         kp.bind_address_hard_fail = self.bind_address_hard_fail;
         kp.cluster_cidr = self.proxy.cluster_cidr.clone();
-        kp.node_port_addresses =
-            (!self.proxy.nodeport_addresses.is_empty()).then(|| self.proxy.nodeport_addresses.clone());
+        // pflag's StringSlice: each value is a comma-separated list.
+        let nodeport_addresses: Vec<String> = self
+            .proxy
+            .nodeport_addresses
+            .iter()
+            .flat_map(|v| v.split(','))
+            .map(str::trim)
+            .filter(|a| !a.is_empty())
+            .map(str::to_string)
+            .collect();
+        kp.node_port_addresses = (!nodeport_addresses.is_empty()).then_some(nodeport_addresses);
         kp.detect_local_mode = self.proxy.detect_local_mode.clone();
         kp.detect_local.bridge_interface = self.proxy.pod_bridge_interface.clone().unwrap_or_default();
         kp.detect_local.interface_name_prefix = self.proxy.pod_interface_name_prefix.clone().unwrap_or_default();
@@ -259,13 +273,15 @@ impl RunArgs {
             }
             None => self.kube_proxy_config_from_flags(),
         };
-        if let Some(h) = &self.proxy.hostname_override {
-            let h = h.trim();
-            if h.is_empty() {
+        // Upstream: a non-empty flag wins (all whitespace is refused); an empty one is as if
+        // absent. Whatever the source, the name is trimmed and lowercased (GetHostname).
+        if let Some(h) = self.proxy.hostname_override.as_deref().filter(|h| !h.is_empty()) {
+            if h.trim().is_empty() {
                 return Err(ConfigError::EmptyHostname.into());
             }
-            kp.hostname_override = h.to_lowercase();
+            kp.hostname_override = h.to_string();
         }
+        kp.hostname_override = kp.hostname_override.trim().to_lowercase();
         kp.validate()?;
         Ok((kp, warnings))
     }
@@ -355,9 +371,8 @@ fn read_config(path: &std::path::Path) -> Result<(KubeProxyConfiguration, Vec<St
     Ok(KubeProxyConfiguration::parse(&text)?)
 }
 
-/// kube-proxy's `--conntrack-*` flags: the kernel conntrack settings applied at start-up. A flag
-/// given on the command line overrides the config file's `conntrack:` field, which overrides
-/// the default.
+/// kube-proxy's `--conntrack-*` flags: the kernel conntrack settings applied at start-up (with
+/// `--config`, the file's `conntrack:` decides instead, as in kube-proxy).
 #[derive(Debug, Clone, Args)]
 pub struct ConntrackArgs {
     /// Maximum number of NAT connections to track per CPU core (0 to leave the limit as-is and
@@ -422,8 +437,8 @@ fn conntrack_settings(
 /// `conntrack-sysctls` options.
 #[derive(Debug, Args)]
 pub struct ConntrackSysctlsArgs {
-    /// A kube-proxy KubeProxyConfiguration file (its `conntrack:` settings); flags given on the
-    /// command line override it.
+    /// A kube-proxy KubeProxyConfiguration file: its `conntrack:` settings decide (the
+    /// `--conntrack-*` flags are then ignored, as kube-proxy ignores them).
     #[arg(long, value_name = "PATH")]
     pub config: Option<PathBuf>,
     #[command(flatten)]
@@ -1250,6 +1265,23 @@ mod tests {
         let (s, _) =
             run_settings(&["--hostname-override=n"], Some("nftables: {syncPeriod: 0s, minSyncPeriod: 0s}\n")).unwrap();
         assert_eq!(s.timing.sync_period, std::time::Duration::from_secs(30), "zero is upstream's default");
+    }
+
+    /// pflag's comma-separated lists, and the hostname as upstream's GetHostname makes it.
+    #[test]
+    fn lists_split_on_commas_and_hostnames_are_normalised() {
+        let (s, _) = run_settings(&["--hostname-override=n", "--nodeport-addresses=primary,10.0.0.0/8"], None).unwrap();
+        assert!(s.proxy.nodeport_addresses.primary && s.proxy.nodeport_addresses.cidrs.len() == 1);
+        let (s, _) = run_settings(&[], Some("hostnameOverride: \" Node-1 \"\n")).unwrap();
+        assert_eq!(s.proxy.hostname, "node-1", "trimmed and lowercased, from the file too");
+        let (s, _) = run_settings(&["--hostname-override="], Some("hostnameOverride: node-2\n")).unwrap();
+        assert_eq!(s.proxy.hostname, "node-2", "an empty flag is as if absent");
+        // kube-proxy's --metrics-port out of range: refused by validation, not defaulted.
+        let cli = Cli::try_parse_from(["nftproxy", "run", "--metrics-bind-address=1.2.3.4"]).unwrap();
+        let Command::Run(mut args) = cli.command else { panic!("not run") };
+        args.kube_proxy.metrics_port = Some(70000);
+        let err = args.kube_proxy_config(None).unwrap_err().to_string();
+        assert!(err.contains("MetricsBindAddress") && err.contains("must be a valid port"), "{err}");
     }
 
     #[test]

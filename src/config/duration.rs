@@ -77,13 +77,14 @@ impl GoDuration {
                 "h" => H,
                 _ => return None,
             };
+            // Go refuses what overflows 64 bits; checked arithmetic never wraps here either.
             let whole: i128 = if whole.is_empty() { 0 } else { whole.parse().ok()? };
-            total += whole * i128::from(scale);
+            total = total.checked_add(whole.checked_mul(i128::from(scale))?)?;
             if !fraction.is_empty() {
                 // Digits beyond nanoseconds do not change the result; keep 18 at most.
                 let fraction = &fraction[..fraction.len().min(18)];
                 let f: i128 = fraction.parse().ok()?;
-                total += f * i128::from(scale) / 10i128.pow(fraction.len() as u32);
+                total = total.checked_add(f.checked_mul(i128::from(scale))? / 10i128.pow(fraction.len() as u32))?;
             }
             if total > i128::from(i64::MAX) {
                 return None;
@@ -175,7 +176,18 @@ mod tests {
         for (text, ns) in cases {
             assert_eq!(GoDuration::parse(text), Some(GoDuration(ns)), "{text}");
         }
-        for bad in ["", "5", "s", "1x", "soon", "-", "1.s.", "--1s"] {
+        for bad in [
+            "",
+            "5",
+            "s",
+            "1x",
+            "soon",
+            "-",
+            "1.s.",
+            "--1s",
+            "9999999999999999999999999999999999999h",
+            "9223372036854775808ns",
+        ] {
             assert_eq!(GoDuration::parse(bad), None, "{bad:?}");
         }
     }
