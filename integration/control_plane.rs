@@ -72,8 +72,8 @@ const ORPHAN: &str = "apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmeta
 /// deploy/rbac.yaml's ClusterRole without its EndpointSlice rule.
 const NARROW: &str = "apiVersion: v1\nkind: ServiceAccount\nmetadata: {name: narrow, namespace: kube-system}\n---\napiVersion: rbac.authorization.k8s.io/v1\nkind: ClusterRole\nmetadata: {name: narrow}\nrules:\n- apiGroups: [\"\"]\n  resources: [services, nodes]\n  verbs: [get, list, watch]\n- apiGroups: [networking.k8s.io]\n  resources: [servicecidrs]\n  verbs: [get, list, watch]\n- apiGroups: [\"\", events.k8s.io]\n  resources: [events]\n  verbs: [create, patch]\n---\napiVersion: rbac.authorization.k8s.io/v1\nkind: ClusterRoleBinding\nmetadata: {name: narrow}\nroleRef: {apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, name: narrow}\nsubjects: [{kind: ServiceAccount, name: narrow, namespace: kube-system}]\n";
 
-/// kube-proxy's identity as kubeadm makes it: its ServiceAccount bound to system:node-proxier.
-pub(crate) const KUBE_PROXY_SA: &str = "apiVersion: v1\nkind: ServiceAccount\nmetadata: {name: kube-proxy, namespace: kube-system}\n---\napiVersion: rbac.authorization.k8s.io/v1\nkind: ClusterRoleBinding\nmetadata: {name: kubeadm:node-proxier}\nroleRef: {apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, name: system:node-proxier}\nsubjects: [{kind: ServiceAccount, name: kube-proxy, namespace: kube-system}]\n";
+/// kube-proxy's identity as kubeadm makes it (system:node-proxier).
+pub(crate) const KUBE_PROXY_SA: &str = nftproxy_tools::controlplane::KUBE_PROXY_IDENTITY;
 
 /// `nftproxy check --kubeconfig K --output json` in node1: the permission findings' summaries.
 fn missing_permissions(lab: &ClusterLab, kubeconfig: &std::path::Path) -> Vec<String> {

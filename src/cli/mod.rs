@@ -368,7 +368,11 @@ fn conntrack_sysctls_of(kp: &KubeProxyConfiguration) -> crate::conntrack::sysctl
 /// Reads a `--config` file: defaulted, with warnings for unknown and unused fields.
 fn read_config(path: &std::path::Path) -> Result<(KubeProxyConfiguration, Vec<String>), CliError> {
     let text = std::fs::read_to_string(path).map_err(|e| ConfigError::File(format!("{}: {e}", path.display())))?;
-    Ok(KubeProxyConfiguration::parse(&text)?)
+    // A decoding error names the file as well as the field.
+    KubeProxyConfiguration::parse(&text).map_err(|e| match e {
+        ConfigError::File(why) => ConfigError::File(format!("{}: {why}", path.display())).into(),
+        other => other.into(),
+    })
 }
 
 /// kube-proxy's `--conntrack-*` flags: the kernel conntrack settings applied at start-up (with

@@ -28,6 +28,10 @@ const ADMIN_TOKEN: &str = "nftproxy-lab-admin";
 /// The API server's port.
 pub const API_PORT: u16 = 6443;
 
+/// kube-proxy's identity as kubeadm makes it: its ServiceAccount bound to upstream's own
+/// ClusterRole `system:node-proxier` (the image swap keeps it).
+pub const KUBE_PROXY_IDENTITY: &str = "apiVersion: v1\nkind: ServiceAccount\nmetadata: {name: kube-proxy, namespace: kube-system}\n---\napiVersion: rbac.authorization.k8s.io/v1\nkind: ClusterRoleBinding\nmetadata: {name: kubeadm:node-proxier}\nroleRef: {apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, name: system:node-proxier}\nsubjects: [{kind: ServiceAccount, name: kube-proxy, namespace: kube-system}]\n";
+
 /// Errors running the control plane.
 #[derive(Debug, Error)]
 pub enum ControlPlaneError {

@@ -33,6 +33,9 @@ enum Command {
         #[arg(long)]
         list: bool,
     },
+    /// nftproxy and upstream kube-proxy v1.37 (nftables mode) one after the other through the
+    /// same real API server: first sync, one endpoint change, peak RSS, idle CPU, side by side.
+    HeadToHead(nftproxy_tools::bench::head_to_head::HeadToHeadArgs),
     /// One phase of the benchmark, inside a benchmark namespace (started by `bench`).
     #[command(hide = true)]
     BenchWorker(nftproxy_tools::bench::worker::WorkerArgs),
@@ -54,6 +57,7 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Demo(args) => nftproxy_tools::demo::run(&args).map_err(|e| e.to_string()),
         Command::Bench(args) => nftproxy_tools::bench::run(&args).map_err(|e| e.to_string()),
+        Command::HeadToHead(args) => nftproxy_tools::bench::head_to_head::run(&args),
         Command::BenchWorker(args) => nftproxy_tools::bench::worker::run(&args).map_err(|e| e.to_string()),
         Command::Cluster { size, out, list } => write_cluster(&size, out.as_deref(), list),
     };

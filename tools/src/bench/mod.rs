@@ -11,6 +11,7 @@ pub mod agent;
 pub mod churn;
 pub mod dataplane;
 pub mod e2e;
+pub mod head_to_head;
 mod plot;
 pub mod upstream;
 pub mod worker;
@@ -52,6 +53,8 @@ pub enum BenchError {
     Size(String),
     #[error("{0}")]
     Io(#[from] std::io::Error),
+    #[error("head to head: {0}")]
+    HeadToHead(String),
 }
 
 /// `nftproxy bench` options.
@@ -61,6 +64,10 @@ pub struct BenchArgs {
     /// completes.
     #[arg(long)]
     pub quick: bool,
+    /// Instead of the benchmark: nftproxy against upstream kube-proxy v1.37 through the real API
+    /// server at these sizes (SERVICESxENDPOINTS, comma-separated; see `head_to_head`).
+    #[arg(long, value_name = "SIZES")]
+    pub head_to_head: Option<String>,
     /// Cluster sizes, SERVICESxENDPOINTS, comma-separated; empty (`--sizes ''`) for none.
     #[arg(long, value_delimiter = ',', default_value = "1000x10,10000x10,5000x50,44000x1")]
     pub sizes: Vec<String>,
@@ -150,6 +157,7 @@ impl BenchArgs {
         }
         BenchArgs {
             quick: true,
+            head_to_head: None,
             sizes: vec!["1000x10".into()],
             changes: 12,
             burst: 100,
@@ -224,6 +232,11 @@ struct SizeResult {
 
 /// Runs the benchmark and prints its tables.
 pub fn run(args: &BenchArgs) -> Result<(), BenchError> {
+    if let Some(sizes) = &args.head_to_head {
+        let h2h = head_to_head::HeadToHeadArgs { sizes: sizes.clone(), idle: std::time::Duration::from_secs(10) };
+        println!("{}", machine());
+        return head_to_head::run(&h2h).map_err(BenchError::HeadToHead);
+    }
     crate::lab::require_privileges()?;
     crate::lab::cleanup_stale();
     let args = args.effective();
