@@ -107,20 +107,27 @@ fn outcome(lab: &ClusterLab, probe: &Probe) -> Outcome {
 /// What one proxy showed: each probe's outcome, and each other check's value.
 type Observed = BTreeMap<String, String>;
 
-/// The JSON keys of a body (recursively, as `a.b`), and the status code.
+/// The status code and a body's JSON, flattened as `a.b=value`: every key, and every value but
+/// the times (which differ between any two runs).
 fn shape(code: u16, body: &str) -> String {
-    fn keys(prefix: &str, v: &serde_json::Value, out: &mut BTreeSet<String>) {
-        if let serde_json::Value::Object(map) = v {
-            for (k, child) in map {
-                let path = if prefix.is_empty() { k.clone() } else { format!("{prefix}.{k}") };
-                out.insert(path.clone());
-                keys(&path, child, out);
+    fn flatten(prefix: &str, v: &serde_json::Value, out: &mut BTreeSet<String>) {
+        match v {
+            serde_json::Value::Object(map) => {
+                for (k, child) in map {
+                    let path = if prefix.is_empty() { k.clone() } else { format!("{prefix}.{k}") };
+                    out.insert(path.clone());
+                    flatten(&path, child, out);
+                }
             }
+            leaf if !(prefix.ends_with("lastUpdated") || prefix.ends_with("currentTime")) => {
+                out.insert(format!("{prefix}={leaf}"));
+            }
+            _ => {}
         }
     }
     let mut out = BTreeSet::new();
     if let Ok(v) = serde_json::from_str::<serde_json::Value>(body) {
-        keys("", &v, &mut out);
+        flatten("", &v, &mut out);
     }
     format!("{code} {out:?}")
 }
