@@ -1,7 +1,8 @@
 //! nftproxy beside upstream kube-proxy v1.37 (nftables mode), on the same lab, the same real
 //! API server, the same configuration file and the same probes. Each proxy in turn runs in node1
 //! (the previous one stopped, its rules removed with its own cleanup, conntrack flushed); the
-//! probes' outcomes, the health endpoints' bodies and the metric families are compared, and any
+//! probes' outcomes, the health endpoints' bodies (also with the API server down), what each does
+//! when its Node is deleted, and the metric families are compared, and any
 //! difference not listed in [`DELIBERATE`] (docs/differences.md) fails the test.
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -259,7 +260,24 @@ fn nftproxy_and_kube_proxy_give_the_same_answers() {
             text()
         );
         eprintln!("{proxy:?}: serving {:.1} s after its start", started.elapsed().as_secs_f64());
-        seen.insert(proxy, observe(lab, &probes));
+        let mut observed = observe(lab, &probes);
+        // The API server down: the health endpoints as each proxy answers then.
+        cp.kill_apiserver();
+        std::thread::sleep(Duration::from_secs(2));
+        for path in ["/healthz", "/livez"] {
+            let (code, body) = lab.http_get("node1", "127.0.0.1:10256", path).unwrap_or((0, String::new()));
+            observed.insert(format!("API server down: {path}"), shape(code, &body));
+        }
+        cp.start_apiserver().unwrap_or_else(|e| panic!("{e}"));
+        // The Node deleted: what the proxy does (upstream exits 1 so that it is restarted).
+        cp.kubectl_ok(&["delete", "node", "node1", "--wait=false"]).unwrap();
+        let exited = (0..200).find_map(|_| {
+            std::thread::sleep(Duration::from_millis(50));
+            running.0.as_mut().and_then(|c| c.try_wait().ok().flatten())
+        });
+        observed.insert("Node deleted: exit status".into(), format!("{:?}", exited.map(|s| s.code())));
+        cp.add_node("node1", lab.lab.node("node1").ip, "zone-a").unwrap();
+        seen.insert(proxy, observed);
         let syncs: Vec<String> =
             text().lines().filter(|l| l.contains("synced") || l.contains("Sync")).map(str::to_string).collect();
         eprintln!("{proxy:?} syncs:\n{}", syncs.join("\n"));
