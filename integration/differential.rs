@@ -279,6 +279,24 @@ fn nftproxy_and_kube_proxy_give_the_same_answers() {
         });
         observed.insert("Node deleted: exit status".into(), format!("{:?}", exited.map(|s| s.code())));
         cp.add_node("node1", lab.lab.node("node1").ip, "zone-a").unwrap();
+        // Without its Node, the EndpointSlice controller left node1's pods out of the slices:
+        // the next proxy starts once they are back.
+        let web_endpoints = || {
+            cp.kubectl_ok(&[
+                "get",
+                "endpointslices",
+                "-l",
+                "kubernetes.io/service-name=web",
+                "-o",
+                "jsonpath={.items[*].endpoints[*].addresses[0]}",
+            ])
+            .map(|out| out.split_whitespace().count())
+            .unwrap_or(0)
+        };
+        assert!(
+            lab.eventually(Duration::from_secs(60), || web_endpoints() == 3),
+            "node1's pods are back in the slices"
+        );
         seen.insert(proxy, observed);
         let syncs: Vec<String> =
             text().lines().filter(|l| l.contains("synced") || l.contains("Sync")).map(str::to_string).collect();
