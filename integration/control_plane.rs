@@ -30,9 +30,8 @@ const WEB_PODS: [(&str, &str); 3] = [("web-1", "node1"), ("web-2", "node1"), ("w
 impl RealCluster {
     fn start() -> RealCluster {
         let mut lab = ClusterLab::new();
-        let client = lab.lab.add_client("control-plane").expect("control plane namespace");
-        let (ns, ip) = (client.ns.name().to_string(), client.ip);
-        let cp = ControlPlane::start(&ns, ip, nftproxy_tools::lab::topology::SERVICE_CIDR_V4).expect("control plane");
+        let cp = ControlPlane::start_in(&mut lab.lab, nftproxy_tools::lab::topology::SERVICE_CIDR_V4)
+            .expect("control plane");
         for (name, zone) in [("node1", "zone-a"), ("node2", "zone-b")] {
             cp.add_node(name, lab.lab.node(name).ip, zone).expect("node");
         }
@@ -40,6 +39,13 @@ impl RealCluster {
             cp.add_pod(pod, node, pod_ip(&lab, pod), "app: web", true).expect("pod");
         }
         RealCluster { lab, cp }
+    }
+
+    /// nftproxy's own DaemonSet rights (deploy/rbac.yaml, as `kubectl apply -k deploy/` makes
+    /// them) and a kubeconfig file with its ServiceAccount's token.
+    fn deploy_identity(&self) -> std::path::PathBuf {
+        self.cp.apply(&deploy_rbac()).expect("rbac");
+        self.kubeconfig_for("kube-system", "nftproxy")
     }
 
     /// A kubeconfig file for the ServiceAccount `namespace/name`.
@@ -51,6 +57,11 @@ impl RealCluster {
     fn service(&self, yaml: &str) {
         self.cp.apply(yaml).unwrap_or_else(|e| panic!("{e}\n{}", self.cp.logs()));
     }
+}
+
+/// deploy/rbac.yaml: nftproxy's ServiceAccount, ClusterRole and binding.
+fn deploy_rbac() -> String {
+    std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/deploy/rbac.yaml")).expect("deploy/rbac.yaml")
 }
 
 fn pod_ip(lab: &ClusterLab, pod: &str) -> Ipv4Addr {
@@ -107,10 +118,7 @@ fn nftproxy_through_the_real_api_server() {
     let cluster = RealCluster::start();
     let (lab, cp) = (&cluster.lab, &cluster.cp);
 
-    // nftproxy's own DaemonSet rights: deploy/rbac.yaml, as `kubectl apply -k deploy/` makes them.
-    let rbac = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/deploy/rbac.yaml")).unwrap();
-    cp.apply(&rbac).expect("rbac");
-    let kubeconfig = cluster.kubeconfig_for("kube-system", "nftproxy");
+    let kubeconfig = cluster.deploy_identity();
     cluster.service(WEB);
     cluster.service(LB);
     cp.patch_status(
@@ -298,9 +306,7 @@ fn a_node_cut_off_service_cidrs_and_a_thousand_services() {
     let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     let cluster = RealCluster::start();
     let (lab, cp) = (&cluster.lab, &cluster.cp);
-    let rbac = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/deploy/rbac.yaml")).unwrap();
-    cp.apply(&rbac).expect("rbac");
-    let kubeconfig = cluster.kubeconfig_for("kube-system", "nftproxy");
+    let kubeconfig = cluster.deploy_identity();
     cluster.service(WEB);
     let proxy = lab.run_proxy_from(&["--kubeconfig", kubeconfig.to_str().unwrap()], &[]);
     let within = Duration::from_secs(10);
@@ -430,14 +436,12 @@ fn policies_topology_and_dual_stack_through_the_real_api_server() {
     }
     let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     let mut lab = ClusterLab::new();
-    let client = lab.lab.add_client("control-plane").expect("control plane namespace");
-    let (ns, ip) = (client.ns.name().to_string(), client.ip);
     let service_cidrs = format!(
         "{},{}",
         nftproxy_tools::lab::topology::SERVICE_CIDR_V4,
         nftproxy_tools::lab::topology::SERVICE_CIDR_V6
     );
-    let cp = ControlPlane::start(&ns, ip, &service_cidrs).expect("dual-stack control plane");
+    let cp = ControlPlane::start_in(&mut lab.lab, &service_cidrs).expect("dual-stack control plane");
     let lab = &lab;
     for (name, zone) in [("node1", "zone-a"), ("node2", "zone-b")] {
         let n = lab.lab.node(name);
@@ -448,8 +452,7 @@ fn policies_topology_and_dual_stack_through_the_real_api_server() {
         cp.add_pod(pod, node, p.ip, "app: web", true).unwrap();
         cp.set_pod_status(pod, &[IpAddr::V4(p.ip), IpAddr::V6(p.ip6)], true).unwrap();
     }
-    let rbac = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/deploy/rbac.yaml")).unwrap();
-    cp.apply(&rbac).expect("rbac");
+    cp.apply(&deploy_rbac()).expect("rbac");
     cp.apply(POLICIES).unwrap_or_else(|e| panic!("{e}"));
     cp.patch_status(
         "service",

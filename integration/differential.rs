@@ -188,9 +188,8 @@ fn nftproxy_and_kube_proxy_give_the_same_answers() {
     }
     let _one = crate::control_plane::ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     let mut lab = ClusterLab::new();
-    let client = lab.lab.add_client("control-plane").expect("control plane namespace");
-    let (ns, ip) = (client.ns.name().to_string(), client.ip);
-    let cp = ControlPlane::start(&ns, ip, nftproxy_tools::lab::topology::SERVICE_CIDR_V4).expect("control plane");
+    let cp =
+        ControlPlane::start_in(&mut lab.lab, nftproxy_tools::lab::topology::SERVICE_CIDR_V4).expect("control plane");
     let lab = &lab;
     for (name, zone) in [("node1", "zone-a"), ("node2", "zone-b")] {
         cp.add_node(name, lab.lab.node(name).ip, zone).unwrap();

@@ -567,9 +567,8 @@ fn kubeadms_daemonset_with_nftproxys_image_against_the_real_api_server() {
     }
     let _one = crate::control_plane::ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     let mut lab = ClusterLab::new();
-    let client = lab.lab.add_client("control-plane").expect("control plane namespace");
-    let (ns, ip) = (client.ns.name().to_string(), client.ip);
-    let cp = ControlPlane::start(&ns, ip, nftproxy_tools::lab::topology::SERVICE_CIDR_V4).expect("control plane");
+    let cp =
+        ControlPlane::start_in(&mut lab.lab, nftproxy_tools::lab::topology::SERVICE_CIDR_V4).expect("control plane");
     cp.add_node("node1", lab.lab.node("node1").ip, "zone-a").unwrap();
     for (pod, labels) in [("web-1", "app: web, api: \"yes\""), ("web-2", "app: web")] {
         let Some(std::net::IpAddr::V4(pod_ip)) = lab.lab.pod_ip(pod, false) else { panic!("{pod}") };

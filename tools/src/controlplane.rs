@@ -47,6 +47,8 @@ pub enum ControlPlaneError {
     Interrupted(&'static str),
     #[error("{0}")]
     Io(#[from] std::io::Error),
+    #[error(transparent)]
+    Lab(#[from] crate::lab::LabError),
 }
 
 /// The upstream binaries (`etcd`, `kube-apiserver`, `kube-controller-manager`, `kube-proxy`,
@@ -126,6 +128,13 @@ pub struct ControlPlane {
 }
 
 impl ControlPlane {
+    /// Adds a lab client named `control-plane` on the wan and starts the control plane there.
+    pub fn start_in(lab: &mut crate::lab::Lab, service_cidr: &str) -> Result<ControlPlane, ControlPlaneError> {
+        let client = lab.add_client("control-plane")?;
+        let (ns, ip) = (client.ns.name().to_string(), client.ip);
+        ControlPlane::start(&ns, ip, service_cidr)
+    }
+
     /// Starts etcd, kube-apiserver and kube-controller-manager in namespace `ns` (whose wan
     /// address is `ip`), and waits until the API server is ready.
     pub fn start(ns: &str, ip: Ipv4Addr, service_cidr: &str) -> Result<ControlPlane, ControlPlaneError> {

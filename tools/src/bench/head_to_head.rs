@@ -184,10 +184,8 @@ pub fn run(args: &HeadToHeadArgs) -> Result<(), String> {
 fn one_size(size: Size, idle: Duration) -> Result<(Figures, Figures), String> {
     let mut lab = Lab::new().map_err(|e| e.to_string())?;
     lab.add_node("node1").map_err(|e| e.to_string())?;
-    let client = lab.add_client("control-plane").map_err(|e| e.to_string())?;
-    let (ns, ip) = (client.ns.name().to_string(), client.ip);
     eprintln!("head-to-head {size}: starting the control plane…");
-    let cp = ControlPlane::start(&ns, ip, crate::lab::topology::SERVICE_CIDR_V4).map_err(|e| e.to_string())?;
+    let cp = ControlPlane::start_in(&mut lab, crate::lab::topology::SERVICE_CIDR_V4).map_err(|e| e.to_string())?;
     cp.add_node("node1", lab.node("node1").ip, "zone-a").map_err(|e| e.to_string())?;
     cp.apply("apiVersion: v1\nkind: Namespace\nmetadata: {name: bench}\n").map_err(|e| e.to_string())?;
     cp.apply(KUBE_PROXY_IDENTITY).map_err(|e| e.to_string())?;
