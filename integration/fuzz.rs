@@ -16,7 +16,7 @@
 //! `PROPTEST_CASES` sets the number of cases of both properties (defaults: 256 without the
 //! kernel, 64 with it); `PROPTEST_RNG_SEED` replays a run. What the properties found (a Service
 //! keeping two ports with one number, an external IP of a family it has no ClusterIP in) is
-//! fixed in `model::convert` and kept as deterministic tests in `src/source/tests.rs` and in the
+//! fixed in `model::convert` and kept as deterministic tests in `core/src/manifests/hostile.rs` and in the
 //! corpus here.
 
 use std::collections::HashSet;

@@ -7,6 +7,7 @@
 
 mod common;
 
+mod architecture;
 mod check;
 mod clusterip;
 mod conntrack;

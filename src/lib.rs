@@ -9,21 +9,21 @@
 //! integration tests use; everything else is crate-private.
 #![warn(unreachable_pub)]
 
+// The pure core, under the paths the agent and the tools have always used.
+use nftproxy_core::explain;
+pub use nftproxy_core::{config, index, model, net, nft, plan};
+
 mod agent;
 mod check;
 pub mod cli;
-pub mod config;
 mod conntrack;
-mod explain;
+mod debug_services;
 mod health;
-pub mod index;
+mod http;
 mod metrics;
-pub mod model;
-pub mod net;
 pub mod netlink;
-pub mod nft;
 pub mod nodeaddr;
-pub mod plan;
+pub mod oneshot;
 pub mod source;
 mod status;
 pub mod sync;

@@ -28,8 +28,8 @@ use prometheus_client::metrics::histogram::{Histogram, exponential_buckets, line
 use prometheus_client::registry::Registry;
 
 #[cfg(test)]
-use crate::health::http::Asked;
-use crate::health::http::{Handler, Reply};
+use crate::http::Asked;
+use crate::http::{Handler, Reply};
 use crate::model::ObjectKind;
 use crate::net::IpFamily;
 
@@ -525,7 +525,7 @@ mod tests {
     use std::collections::{BTreeMap, BTreeSet};
 
     use super::*;
-    use crate::health::http::tests::{bounded, free_port, get_path, limits, withstands_hostile_clients};
+    use crate::http::tests::{bounded, free_port, get_path, limits, withstands_hostile_clients};
 
     /// `/metrics` through the limited server, bound to 127.0.0.1 only, with `/healthz` beside
     /// it as upstream's metrics port has.
@@ -535,7 +535,7 @@ mod tests {
             let addr = std::net::SocketAddr::from(([127, 0, 0, 1], free_port()));
             let handle = tokio::runtime::Handle::current();
             let _stop =
-                crate::health::start(&handle, addr, handler(Metrics::new(), Arc::from("")), limits()).expect("start");
+                crate::http::start(&handle, addr, handler(Metrics::new(), Arc::from("")), limits()).expect("start");
             withstands_hostile_clients(addr, "/metrics", limits()).await;
             let metrics = get_path(addr, "/metrics").await.expect("metrics");
             assert!(metrics.contains("process_resident_memory_bytes"), "{metrics}");

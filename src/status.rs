@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use thiserror::Error;
 
-use crate::agent::debug::{ANSWER_TIMEOUT, EndpointsReport, PATH, Selection, ServicePortReport, ServicesReport};
+use crate::debug_services::{ANSWER_TIMEOUT, EndpointsReport, PATH, Selection, ServicePortReport, ServicesReport};
 
 /// Endpoints printed per list; longer lists end with a count.
 const ENDPOINTS_SHOWN: usize = 12;
@@ -190,7 +190,7 @@ pub(crate) fn to_text(r: &ServicesReport) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::agent::debug::{Excluded, LastSync, NodePortAddresses, ProblemReport};
+    use crate::debug_services::{Excluded, LastSync, NodePortAddresses, ProblemReport};
 
     #[test]
     fn a_document_reads_well() {

@@ -22,8 +22,8 @@ use crate::config::ProxyConfig;
 use crate::config::kubeproxy::ProxyMode;
 use crate::conntrack::sysctls::{self, ConntrackSysctls, SysctlRoots};
 use crate::conntrack::{KernelFlows, Reconciler};
-use crate::health::http::Limits;
 use crate::health::{self, ProxyHealth, ServiceHealthServers};
+use crate::http::Limits;
 use crate::index::{ClusterIndex, Update};
 use crate::metrics::{Applied, Metrics, NoLocalEndpoints, SyncSample};
 use crate::model::{ClusterState, Problem};
@@ -323,14 +323,21 @@ fn serve(
     rt: &tokio::runtime::Runtime,
     what: &'static str,
     addr: SocketAddr,
-    handler: health::http::Handler,
+    handler: crate::http::Handler,
     hard_fail: bool,
     events: Option<&tokio::sync::mpsc::UnboundedSender<Notice>>,
 ) -> Result<tokio::sync::watch::Sender<bool>, RunError> {
     if !hard_fail {
-        return Ok(health::start_retrying(rt.handle(), what, addr, handler, Limits::default(), health::BIND_RETRY));
+        return Ok(crate::http::start_retrying(
+            rt.handle(),
+            what,
+            addr,
+            handler,
+            Limits::default(),
+            crate::http::BIND_RETRY,
+        ));
     }
-    health::start(rt.handle(), addr, handler, Limits::default()).map_err(|source| {
+    crate::http::start(rt.handle(), addr, handler, Limits::default()).map_err(|source| {
         let err = RunError::Serve { what, addr, source };
         if let Some(tx) = events {
             let reason =

@@ -13,12 +13,11 @@ use tracing::{error, warn};
 use crate::config::duration::GoDuration;
 use crate::config::kubeproxy::KubeProxyConfiguration;
 use crate::config::{self, ConfigError, LoggingFormat, ProxyConfig};
-use crate::index::Pending;
 use crate::model::ClusterState;
 use crate::netlink::{Kernel, NetlinkError};
-use crate::plan::{PlanInput, plan};
+use crate::oneshot::{OneShotError, plan_here, sync_once};
 use crate::source::{self, manifests::ManifestError};
-use crate::sync::{self, SyncError, SyncReason, Syncer};
+use crate::sync::{self, SyncError};
 
 /// nftproxy: a Kubernetes service proxy on nftables.
 #[derive(Debug, Parser)]
@@ -742,7 +741,7 @@ pub struct StatusArgs {
     #[arg(long, value_name = "NAMESPACE")]
     pub namespace: Option<String>,
     /// Service ports shown at most (the rest are counted).
-    #[arg(long, value_name = "N", default_value_t = crate::agent::debug::DEFAULT_LIMIT)]
+    #[arg(long, value_name = "N", default_value_t = crate::debug_services::DEFAULT_LIMIT)]
     pub limit: usize,
     /// Output format.
     #[arg(long, value_name = "FORMAT", default_value = "text")]
@@ -751,11 +750,11 @@ pub struct StatusArgs {
 
 impl StatusArgs {
     /// The query, checked the way the server checks it.
-    fn selection(&self) -> Result<crate::agent::debug::Selection, CliError> {
+    fn selection(&self) -> Result<crate::debug_services::Selection, CliError> {
         let mut query = vec![format!("limit={}", self.limit)];
         query.extend(self.namespace.as_ref().map(|n| format!("namespace={n}")));
         query.extend(self.service.as_ref().map(|s| format!("service={s}")));
-        crate::agent::debug::Selection::parse(&query.join("&")).map_err(|why| CliError::Invalid {
+        crate::debug_services::Selection::parse(&query.join("&")).map_err(|why| CliError::Invalid {
             flag: "--service/--namespace/--limit",
             value: query.join(" "),
             why,
@@ -805,6 +804,8 @@ pub enum CliError {
     Sync(#[from] SyncError),
     #[error(transparent)]
     Netlink(#[from] NetlinkError),
+    #[error(transparent)]
+    OneShot(#[from] OneShotError),
     #[error(transparent)]
     Run(#[from] crate::agent::RunError),
     #[error(transparent)]
@@ -930,20 +931,6 @@ pub(crate) fn load_state(args: &ManifestArgs, config: &ProxyConfig) -> Result<Cl
     Ok(state)
 }
 
-/// The plan for a state, node-port addresses resolved in this namespace and endpoint windows
-/// placed from nothing (what `render` prints and `explain --manifests` walks), and those
-/// addresses.
-fn plan_here(config: &ProxyConfig, state: &ClusterState) -> (crate::plan::Plan, crate::nodeaddr::NodePortTargets) {
-    let targets = crate::nodeaddr::resolve(&config.nodeport_addresses, state.node());
-    let planned = plan(&PlanInput { config, state, nodeports_v4: &targets.v4, nodeports_v6: &targets.v6 });
-    (planned, targets)
-}
-
-/// The ruleset for a state as nft text (`render`).
-pub fn render(config: &ProxyConfig, state: &ClusterState) -> String {
-    plan_here(config, state).0.ruleset.to_string()
-}
-
 /// Writes the ruleset for a state as nft text to `out` (what `render` prints).
 fn write_rendered(config: &ProxyConfig, state: &ClusterState, out: &mut impl std::io::Write) -> std::io::Result<()> {
     let started = std::time::Instant::now();
@@ -951,20 +938,6 @@ fn write_rendered(config: &ProxyConfig, state: &ClusterState, out: &mut impl std
     tracing::debug!(ms = started.elapsed().as_millis() as u64, "planned");
     write!(out, "{}", planned.ruleset)?;
     out.flush()
-}
-
-/// Applies a state here as one full sync (`nftproxy sync`): the same streamed transaction as
-/// `run` and restarts, without claiming the tables (the process exits at once).
-pub fn sync_once(config: &ProxyConfig, state: &ClusterState) -> Result<sync::Synced, CliError> {
-    let mut config = config.clone();
-    config.table_ownership = false;
-    let mut syncer = Syncer::new(config, Box::new(Kernel::open()?), sync::local_nodeports());
-    let everything = Pending {
-        services: state.services().map(|s| s.name.clone()).collect(),
-        node_changed: true,
-        service_cidrs_changed: true,
-    };
-    Ok(syncer.sync(state, &everything, SyncReason::Startup, true)?)
 }
 
 /// kube-proxy's `--cleanup`: deletes nftproxy's tables here and exits (kube-proxy's own

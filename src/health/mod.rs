@@ -8,8 +8,6 @@
 //!   local ready endpoints and the proxy is healthy, 503 otherwise, with a JSON body naming the
 //!   service and the count. Load balancers use it to send traffic only to nodes with endpoints.
 
-pub(crate) mod http;
-
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::{IpAddr, Ipv6Addr, SocketAddr};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -20,13 +18,13 @@ use tokio::runtime::Handle;
 use tokio::sync::watch;
 use tracing::{error, info};
 
+#[cfg(test)]
+use crate::http::Asked;
+use crate::http::{Handler, Limits, Reply, start};
 use crate::metrics::Metrics;
 use crate::model::NamespacedName;
 use crate::net::IpFamily;
 use crate::plan::{HealthCheck, NodePorts};
-#[cfg(test)]
-use http::Asked;
-use http::{Handler, Limits, Reply};
 
 #[derive(Debug)]
 struct State {
@@ -213,60 +211,6 @@ pub(crate) fn service_handler(health: Arc<ProxyHealth>, service: NamespacedName)
     })
 }
 
-/// Starts a server for `handler` on `addr` in the runtime behind `rt`.
-pub(crate) fn start(
-    rt: &Handle,
-    addr: SocketAddr,
-    handler: Handler,
-    limits: Limits,
-) -> std::io::Result<watch::Sender<bool>> {
-    let std_listener = http::bind(addr)?;
-    let (stop_tx, stop_rx) = watch::channel(false);
-    let _guard = rt.enter();
-    let listener = tokio::net::TcpListener::from_std(std_listener)?;
-    rt.spawn(http::serve(listener, handler, limits, stop_rx));
-    Ok(stop_tx)
-}
-
-/// How often a server whose address cannot be bound tries again (upstream's `wait.Until`
-/// period for the healthz and metrics servers).
-pub(crate) const BIND_RETRY: Duration = Duration::from_secs(5);
-
-/// Serves `handler` on `addr`, and when the address cannot be bound, logs it and tries again
-/// every `retry` until it can (or until the returned switch stops it), as upstream's healthz
-/// and metrics servers do without `--bind-address-hard-fail`.
-pub(crate) fn start_retrying(
-    rt: &Handle,
-    what: &'static str,
-    addr: SocketAddr,
-    handler: Handler,
-    limits: Limits,
-    retry: Duration,
-) -> watch::Sender<bool> {
-    let (stop_tx, mut stop_rx) = watch::channel(false);
-    rt.spawn(async move {
-        loop {
-            let bound = http::bind(addr).and_then(tokio::net::TcpListener::from_std);
-            match bound {
-                Ok(listener) => {
-                    info!(server = what, address = %addr, "serving");
-                    http::serve(listener, handler, limits, stop_rx).await;
-                    return;
-                }
-                Err(e) => error!(
-                    server = what, address = %addr, error = %e, retry_in = ?retry,
-                    "failed to start the {what} server; retrying"
-                ),
-            }
-            tokio::select! {
-                _ = tokio::time::sleep(retry) => {}
-                _ = stop_rx.changed() => return,
-            }
-        }
-    });
-    stop_tx
-}
-
 /// A health-check node port that could not be opened (upstream's
 /// `FailedToStartServiceHealthcheck`).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -388,8 +332,8 @@ fn listen_addresses(v4: &NodePorts, v6: &NodePorts) -> Vec<IpAddr> {
 
 #[cfg(test)]
 mod tests {
-    use super::http::tests::{bounded, free_port, get_path, limits, withstands_hostile_clients};
     use super::*;
+    use crate::http::tests::{bounded, free_port, get_path, limits, withstands_hostile_clients};
 
     /// `/healthz` and `/livez` through the limited server, bound to 127.0.0.1 only.
     #[tokio::test]
@@ -558,7 +502,14 @@ mod tests {
             let addr = SocketAddr::from(([127, 0, 0, 1], free_port()));
             let squatter = std::net::TcpListener::bind(addr).expect("bind");
             let handler: Handler = Arc::new(|_| Reply::text(StatusCode::OK, "ok"));
-            let _stop = start_retrying(&Handle::current(), "test", addr, handler, limits(), Duration::from_millis(100));
+            let _stop = crate::http::start_retrying(
+                &Handle::current(),
+                "test",
+                addr,
+                handler,
+                limits(),
+                Duration::from_millis(100),
+            );
             tokio::time::sleep(Duration::from_millis(250)).await;
             drop(squatter);
             let deadline = Instant::now() + Duration::from_secs(3);

@@ -1,19 +1,15 @@
 //! An in-memory stand-in for the kernel, for tests that need no privileges.
 //!
-//! It applies transactions atomically with the checks that make the kernel refuse a batch:
-//! objects must exist before they are referenced (`ENOENT`), referenced chains and sets cannot
-//! be deleted (`EBUSY`), and an element cannot be re-added with different data (`EEXIST`).
-//! Rules have no handles here: a rule's handle is taken as its 1-based position in its chain
-//! (so tests delete several rules of one chain last first).
+//! It applies transactions atomically with the checks that make the kernel refuse a batch
+//! ([`nft::kernel`](crate::nft::kernel)), and can be told to fail in the ways tests need.
 
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
-
-use indexmap::IndexMap;
 
 use super::{ApplyStats, MessageFailure, Netfilter, NetlinkError};
 use crate::net::IpFamily;
 use crate::nft::diff::{OpKind, Transaction};
-use crate::nft::wire::*;
+use crate::nft::kernel::{self, Refusal};
+use crate::nft::wire::{WireKey, WireRuleset};
 
 /// The fake kernel's state and a log of what it was sent.
 #[derive(Debug, Default)]
@@ -129,10 +125,10 @@ impl Netfilter for FakeNetfilter {
                     text: None,
                 }]));
             }
-            apply_op(&mut state, op).map_err(|errno| err(i, tx, errno))?;
+            kernel::apply_op(&mut state, op).map_err(|r| err(i, tx, errno(r)))?;
         }
         for table in &state.tables {
-            check_references(table).map_err(|errno| err(tx.ops.len().saturating_sub(1), tx, errno))?;
+            kernel::check_references(table).map_err(|r| err(tx.ops.len().saturating_sub(1), tx, errno(r)))?;
         }
         self.state = state;
         if !tx.is_empty() {
@@ -168,214 +164,11 @@ impl Netfilter for FakeNetfilter {
     }
 }
 
-fn table_mut<'a>(state: &'a mut WireRuleset, op: &crate::nft::diff::Op) -> Result<&'a mut WireTable, i32> {
-    state.tables.iter_mut().find(|t| t.family == op.family && t.name == op.table).ok_or(libc::ENOENT)
-}
-
-/// Names referenced by a table's rules and map elements.
-fn chain_refs(table: &WireTable) -> Vec<String> {
-    let mut out: Vec<String> = table.chains.values().flat_map(|c| c.targets().map(str::to_string)).collect();
-    for set in table.sets.values() {
-        for e in set.elements.values() {
-            if let WireData::Verdict { chain: Some(c), .. } = &e.data {
-                out.push(c.clone());
-            }
-        }
+/// The errno the kernel answers a refusal with.
+fn errno(refusal: Refusal) -> i32 {
+    match refusal {
+        Refusal::NotFound => libc::ENOENT,
+        Refusal::InUse => libc::EBUSY,
+        Refusal::Exists => libc::EEXIST,
     }
-    out
-}
-
-fn set_refs(table: &WireTable) -> Vec<String> {
-    table.chains.values().flat_map(|c| c.set_refs().map(str::to_string)).collect()
-}
-
-fn check_references(table: &WireTable) -> Result<(), i32> {
-    for c in chain_refs(table) {
-        if !table.chains.contains_key(&c) {
-            return Err(libc::ENOENT);
-        }
-    }
-    for s in set_refs(table) {
-        if !table.sets.contains_key(&s) {
-            return Err(libc::ENOENT);
-        }
-    }
-    Ok(())
-}
-
-fn apply_op(state: &mut WireRuleset, op: &crate::nft::diff::Op) -> Result<(), i32> {
-    match &op.kind {
-        OpKind::AddTable { flags, userdata } => {
-            if let Ok(t) = table_mut(state, op) {
-                t.flags = *flags;
-            } else {
-                state.tables.push(WireTable {
-                    family: op.family,
-                    name: op.table.clone(),
-                    flags: *flags,
-                    userdata: userdata.clone(),
-                    sets: IndexMap::new(),
-                    chains: IndexMap::new(),
-                });
-            }
-        }
-        OpKind::DeleteTable => {
-            let before = state.tables.len();
-            state.tables.retain(|t| !(t.family == op.family && t.name == op.table));
-            if state.tables.len() == before {
-                return Err(libc::ENOENT);
-            }
-        }
-        OpKind::AddChain { chain, hook, userdata } => {
-            let t = table_mut(state, op)?;
-            match t.chains.get(chain) {
-                Some(existing) if existing.hook != *hook => return Err(libc::EBUSY),
-                Some(_) => {}
-                None => {
-                    t.chains.insert(
-                        chain.clone(),
-                        WireChain {
-                            name: chain.clone(),
-                            hook: hook.clone(),
-                            userdata: userdata.clone(),
-                            rules: Vec::new(),
-                            owner: op.owner.clone(),
-                        },
-                    );
-                }
-            }
-        }
-        OpKind::FlushChain { chain } => {
-            table_mut(state, op)?.chains.get_mut(chain).ok_or(libc::ENOENT)?.rules.clear();
-        }
-        OpKind::DeleteRule { chain, handle } => {
-            let rules = &mut table_mut(state, op)?.chains.get_mut(chain).ok_or(libc::ENOENT)?.rules;
-            let index = usize::try_from(*handle).ok().and_then(|h| h.checked_sub(1)).ok_or(libc::ENOENT)?;
-            if index >= rules.len() {
-                return Err(libc::ENOENT);
-            }
-            rules.remove(index);
-        }
-        OpKind::DeleteChain { chain } => {
-            let t = table_mut(state, op)?;
-            let removed = t.chains.shift_remove(chain).ok_or(libc::ENOENT)?;
-            if chain_refs(t).iter().any(|c| c == chain) {
-                t.chains.insert(chain.clone(), removed);
-                return Err(libc::EBUSY);
-            }
-        }
-        OpKind::AddRule { chain, rule } => {
-            let t = table_mut(state, op)?;
-            for target in rule.exprs.iter().filter_map(|e| match e {
-                LowExpr::Verdict { chain: Some(c), .. } => Some(c),
-                _ => None,
-            }) {
-                if !t.chains.contains_key(target) {
-                    return Err(libc::ENOENT);
-                }
-            }
-            for set in rule.exprs.iter().filter_map(|e| match e {
-                LowExpr::Lookup { set, .. } | LowExpr::Dynset { set, .. } => Some(set),
-                _ => None,
-            }) {
-                if !t.sets.contains_key(set) {
-                    return Err(libc::ENOENT);
-                }
-            }
-            t.chains.get_mut(chain).ok_or(libc::ENOENT)?.rules.push(rule.clone());
-        }
-        OpKind::AddSet { set, spec } => {
-            let t = table_mut(state, op)?;
-            match t.sets.get(set) {
-                Some(existing) if existing.spec != *spec => return Err(libc::EEXIST),
-                Some(_) => {}
-                None => {
-                    t.sets.insert(
-                        set.clone(),
-                        WireSet {
-                            name: set.clone(),
-                            spec: spec.clone(),
-                            elements: SetElements::new(),
-                            dynamic: spec.flags & consts::SET_EVAL != 0,
-                            owner: op.owner.clone(),
-                        },
-                    );
-                }
-            }
-        }
-        OpKind::DeleteSet { set } => {
-            let t = table_mut(state, op)?;
-            if set_refs(t).iter().any(|s| s == set) {
-                return Err(libc::EBUSY);
-            }
-            t.sets.shift_remove(set).ok_or(libc::ENOENT)?;
-        }
-        OpKind::AddElements { set, elements } => {
-            let t = table_mut(state, op)?;
-            for (_, e) in elements {
-                if let WireData::Verdict { chain: Some(c), .. } = &e.data
-                    && !t.chains.contains_key(c)
-                {
-                    return Err(libc::ENOENT);
-                }
-            }
-            let s = t.sets.get_mut(set).ok_or(libc::ENOENT)?;
-            let interval = s.spec.is_interval();
-            for (k, e) in elements {
-                match s.elements.get(k) {
-                    Some(existing) if !existing.same_content(e) => return Err(libc::EEXIST),
-                    Some(_) => {}
-                    None if interval && interval_overlap(&s.elements, k) => return Err(libc::EEXIST),
-                    None => {
-                        s.elements.insert(k.clone(), e.clone());
-                    }
-                }
-            }
-        }
-        OpKind::ForgetElements { set, keys } => {
-            let s = table_mut(state, op)?.sets.get_mut(set).ok_or(libc::ENOENT)?;
-            for k in keys {
-                s.elements.remove(k);
-            }
-        }
-        OpKind::DeleteElements { set, keys } => {
-            let s = table_mut(state, op)?.sets.get_mut(set).ok_or(libc::ENOENT)?;
-            for (k, _) in keys {
-                s.elements.remove(k).ok_or(libc::ENOENT)?;
-            }
-        }
-    }
-    Ok(())
-}
-
-/// The kernel's overlap rules for a new element of an interval set (`__nft_rbtree_insert` in
-/// `nft_set_rbtree.c`): it looks at the closest greater-or-equal and less-or-equal elements and
-/// refuses a start or end that falls inside a range it holds (reported as `EEXIST`).
-fn interval_overlap(existing: &SetElements, new: &WireKey) -> bool {
-    // The kernel walks from the closest greater key downwards; at equal keys a start comes
-    // before an end.
-    let mut ge: Option<&WireKey> = existing.keys().filter(|k| k.bytes > new.bytes).min_by(|a, b| a.bytes.cmp(&b.bytes));
-    let mut le: Option<&WireKey> = None;
-    let equal_start = existing.keys().find(|k| k.bytes == new.bytes && !k.interval_end);
-    let equal_end = existing.keys().find(|k| k.bytes == new.bytes && k.interval_end);
-    if let Some(start) = equal_start
-        && (ge.is_none_or(|g| g.bytes != new.bytes))
-    {
-        ge = Some(start);
-    }
-    if let Some(end) = equal_end {
-        le = Some(end);
-    } else {
-        let below = existing.keys().filter(|k| k.bytes < new.bytes).map(|k| &k.bytes).max();
-        if let Some(bytes) = below {
-            // At one key the walk meets the start first.
-            le = existing.keys().filter(|k| &k.bytes == bytes).min_by_key(|k| k.interval_end);
-        }
-    }
-    let same = |k: &WireKey| k.bytes == new.bytes && k.interval_end == new.interval_end;
-    ge.is_some_and(same)
-        || le.is_some_and(same)
-        || le.is_some_and(|l| !l.interval_end && !new.interval_end)
-        || le.is_some_and(|l| l.interval_end && new.interval_end)
-        || ge.is_some_and(|g| g.interval_end && new.interval_end)
 }

@@ -5,13 +5,12 @@
 //! on their own (log lines, Events, metrics).
 
 pub(crate) mod kube;
-pub mod manifests;
 pub(crate) mod watch;
 
 use crate::index::{Change, Update};
 use crate::model::api::{EndpointSlice, Node, Service, ServiceCidr};
-use crate::model::{ClusterState, NamespacedName, NodeInfo, Problem, ServiceCidrInfo, ServiceInfo, convert};
-use manifests::Manifests;
+use crate::model::{NamespacedName, NodeInfo, Problem, ServiceCidrInfo, ServiceInfo, convert};
+pub use nftproxy_core::manifests::{self, state_from_manifests};
 
 /// What a source sends the agent.
 #[derive(Debug, Clone)]
@@ -73,12 +72,3 @@ pub(crate) fn service_cidr_change(cidr: &ServiceCidr) -> (Change<ServiceCidrInfo
     };
     (change, converted.problems)
 }
-
-/// The cluster state loaded manifests describe, and the problems of their objects (`render`,
-/// `sync`, tests).
-pub fn state_from_manifests(m: &Manifests, hostname: &str) -> (ClusterState, Vec<Problem>) {
-    m.clone().into_state(hostname)
-}
-
-#[cfg(test)]
-mod tests;

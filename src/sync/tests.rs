@@ -8,7 +8,7 @@ use crate::nft::ast::{Chain, Element, Owner, Rule, Ruleset, Set, SetShape, Stmt,
 use crate::nft::wire::WireElement;
 use crate::plan::NodePorts;
 use crate::plan::objects::BalanceMap;
-use crate::plan::tests::{config, state};
+use nftproxy_core::fixtures::{config, state};
 
 fn fixed_nodeports() -> NodePortResolver {
     Box::new(|_: &ProxyConfig, _: Option<&NodeInfo>| NodePortTargets {
@@ -147,7 +147,7 @@ fn windows_found_in_the_kernel_are_read_from_its_balancing_rules() {
 #[test]
 fn grouped_affinity_slots_are_found_where_they_were_placed() {
     use crate::plan::placement::Placement;
-    use crate::plan::tests::{AFFINITY, affine_service, plan_after};
+    use nftproxy_core::fixtures::{AFFINITY, affine_service, plan_after};
     let yaml = format!("{AFFINITY}---\n{}", affine_service("many", "172.30.9.9", 1300, true));
     let mut placement = Placement::new();
     let plan = plan_after(&config(), &state(&yaml), &mut placement);

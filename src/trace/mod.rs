@@ -4,13 +4,11 @@
 //!
 //! The kernel side is `netlink::trace` (a table owned by this process marks the packets; a
 //! second socket receives the events). Here: [`packet`] groups the events per packet,
-//! [`services`] names destinations and endpoints from nftproxy's maps, [`report`] prints a
+//! `explain::services` names destinations and endpoints from nftproxy's maps, [`report`] prints a
 //! packet. The table goes away with the process, however it ends; other tables are only read.
 
-pub(crate) mod headers;
 pub(crate) mod packet;
 pub(crate) mod report;
-pub(crate) mod services;
 
 use std::collections::HashMap;
 use std::io::{self, Write};
@@ -22,13 +20,13 @@ use std::time::{Duration, Instant};
 use thiserror::Error;
 use tracing::warn;
 
+use crate::explain::services::ServiceDirectory;
 use crate::net::IpFamily;
+use crate::net::headers::{self, protocol_name};
 use crate::netlink::trace::{TraceEvent, TraceListener, TraceMatch, TraceTable};
 use crate::netlink::{Kernel, NetlinkError};
-use headers::protocol_name;
 use packet::{Correlator, PacketTrace};
 use report::{Context, PacketReport};
-use services::ServiceDirectory;
 
 /// Trace tables are named this and the tracing process's id.
 pub(crate) const TABLE_PREFIX: &str = "nftproxy-trace-";

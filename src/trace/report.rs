@@ -6,9 +6,9 @@ use std::collections::HashMap;
 use std::fmt::{self, Write as _};
 use std::net::IpAddr;
 
-use super::headers::{Headers, endpoint};
 use super::packet::PacketTrace;
-use super::services::{ServiceDirectory, ServiceMatch};
+use crate::explain::services::{ServiceDirectory, ServiceMatch};
+use crate::net::headers::{Headers, endpoint};
 use crate::netlink::TableFamily;
 use crate::netlink::trace::{RuleNote, TraceEvent, TraceKind};
 

@@ -192,7 +192,19 @@ pub fn run(plan: &ChurnPlan) -> Result<ChurnResult, BenchError> {
     agent.stop();
 
     let result = summarize(plan, t0, &sent, &commits, &samples, &tries, metric);
-    super::plot::churn(&plan.plot, &result, &samples_for_plot(&samples))?;
+    let title = format!(
+        "nftproxy run, {} services × {} endpoints, {} endpoint updates/s",
+        plan.size.services, plan.size.endpoints, plan.rate
+    );
+    let latency: Vec<(f64, f64, f64)> = result
+        .minutes
+        .iter()
+        .enumerate()
+        .map(|(m, row)| {
+            (m as f64 + 1.0, row.latency_p50.as_secs_f64() * 1000.0, row.latency_p99.as_secs_f64() * 1000.0)
+        })
+        .collect();
+    super::plot::churn(&plan.plot, &title, &latency, &samples_for_plot(&samples))?;
     Ok(result)
 }
 

@@ -432,7 +432,7 @@ fn feed(ns: &Netns, program: &str, args: &[&str], input: &str) -> Result<(), Str
 /// Syncs nftproxy's ruleset for `state` from inside the node's namespace (planning reads the
 /// namespace's addresses too).
 fn sync_nftproxy(node: &Netns, config: &ProxyConfig, state: &ClusterState) -> Result<(), String> {
-    node.run(|| nftproxy::cli::sync_once(config, state).map(|_| ()).map_err(|e| e.to_string()))
+    node.run(|| nftproxy::oneshot::sync_once(config, state).map(|_| ()).map_err(|e| e.to_string()))
         .map_err(|e| e.to_string())?
 }
 

@@ -382,7 +382,7 @@ fn upstream_changes(
 
 fn render_own(state: &ClusterState) -> String {
     let config = worker::config();
-    nftproxy::cli::render(&config, state)
+    nftproxy::oneshot::render(&config, state)
 }
 
 fn spawn_worker(

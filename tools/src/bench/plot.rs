@@ -5,35 +5,26 @@ use std::path::Path;
 use plotters::prelude::*;
 
 use super::BenchError;
-use super::churn::ChurnResult;
 
 fn failed(e: impl std::fmt::Display) -> BenchError {
     BenchError::Worker(format!("cannot draw the churn plot: {e}"))
 }
 
-/// Draws three panels into `path`: API event → commit latency per minute (p50, p99), and the
-/// agent's CPU share and RSS per sample (`(minute, CPU %, RSS MiB)`).
-pub fn churn(path: &Path, result: &ChurnResult, samples: &[(f64, f64, f64)]) -> Result<(), BenchError> {
+/// Draws three panels into `path` under `title`: API event → commit latency per minute
+/// (`(minute, p50 ms, p99 ms)`), and the agent's CPU share and RSS per sample
+/// (`(minute, CPU %, RSS MiB)`).
+pub fn churn(
+    path: &Path,
+    title: &str,
+    latency: &[(f64, f64, f64)],
+    samples: &[(f64, f64, f64)],
+) -> Result<(), BenchError> {
     let root = SVGBackend::new(path, (900, 900)).into_drawing_area();
     root.fill(&WHITE).map_err(failed)?;
-    let title = result.plan.as_ref().map_or_else(String::new, |p| {
-        format!(
-            "nftproxy run, {} services × {} endpoints, {} endpoint updates/s",
-            p.size.services, p.size.endpoints, p.rate
-        )
-    });
-    let root = root.titled(&title, ("sans-serif", 20)).map_err(failed)?;
+    let root = root.titled(title, ("sans-serif", 20)).map_err(failed)?;
     let panels = root.split_evenly((3, 1));
-    let end = samples.last().map_or(1.0, |s| s.0).max(result.minutes.len() as f64).max(1.0);
+    let end = samples.last().map_or(1.0, |s| s.0).max(latency.len() as f64).max(1.0);
 
-    let latency: Vec<(f64, f64, f64)> = result
-        .minutes
-        .iter()
-        .enumerate()
-        .map(|(m, row)| {
-            (m as f64 + 1.0, row.latency_p50.as_secs_f64() * 1000.0, row.latency_p99.as_secs_f64() * 1000.0)
-        })
-        .collect();
     let top = latency.iter().map(|l| l.2).fold(0.0, f64::max).max(1.0) * 1.15;
     let mut chart = ChartBuilder::on(&panels[0])
         .caption("API event → commit, per minute (ms)", ("sans-serif", 16))

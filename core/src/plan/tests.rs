@@ -1,0 +1,479 @@
+//! Planner tests: golden rulesets (`nft-templates/`) and the diffs between plans, applied to the
+//! kernel's rules (`nft::kernel`) so that ordering and reference bugs fail here too.
+
+use super::*;
+use crate::config::parse_cidrs;
+use crate::fixtures::*;
+use crate::nft::diff::{OpKind, Transaction, diff};
+use crate::nft::kernel;
+use crate::nft::lower::lower_ruleset;
+use crate::nft::wire::WireRuleset;
+use crate::plan::objects::BalanceMap;
+use crate::plan::placement::Placement;
+
+fn wire(plan: &Plan) -> WireRuleset {
+    lower_ruleset(&plan.ruleset)
+}
+
+/// Applies `from` then the diff to `to` by the kernel's rules, checks the result equals `to`,
+/// and returns the diff.
+fn transition(from: &Plan, to: &Plan) -> Transaction {
+    let mut state = WireRuleset::default();
+    kernel::apply(&mut state, &diff(&WireRuleset::default(), &wire(from))).unwrap();
+    let tx = diff(&state, &wire(to));
+    kernel::apply(&mut state, &tx).unwrap_or_else(|e| panic!("kernel refused the diff: {e:?}\n{:#?}", tx.summary()));
+    assert!(diff(&state, &wire(to)).is_empty(), "state after the diff differs from the plan");
+    tx
+}
+
+fn summary(tx: &Transaction) -> Vec<String> {
+    tx.summary()
+}
+
+#[test]
+fn clusterip_golden() {
+    let p = plan_with(&config(), &state(CLUSTERIP));
+    assert_golden("clusterip.nft", &p.ruleset.to_string());
+    assert_eq!(p.stats.service_ports, 4);
+    assert_eq!(p.stats.no_endpoints, 1);
+    // svc2:http has 3 ready endpoints; the terminating one is not used while ready ones exist.
+    assert_eq!(p.stats.endpoints, 1 + 3 + 2);
+}
+
+#[test]
+fn masquerade_all_marks_every_clusterip_packet() {
+    let mut c = config();
+    c.masquerade_all = true;
+    let p = plan_with(&c, &state(CLUSTERIP));
+    let text = p.ruleset.to_string();
+    assert!(text.contains("ip daddr @cluster-ips jump mark-for-masquerade comment"));
+    assert!(!text.contains("ip saddr != 10.0.0.0/8"));
+    let mut none = config();
+    none.cluster_cidrs.clear();
+    let text = plan_with(&none, &state(CLUSTERIP)).ruleset.to_string();
+    assert!(!text.contains("@cluster-ips jump mark-for-masquerade"), "no detector: no masquerade rule, as upstream");
+    c.masquerade_bit = 3;
+    assert!(plan_with(&c, &state(CLUSTERIP)).ruleset.to_string().contains("meta mark set meta mark | 0x00000008"));
+}
+
+#[test]
+fn service_cidrs_drop_unallocated_cluster_ips_after_the_reject() {
+    let with = format!(
+        "{CLUSTERIP}---\napiVersion: networking.k8s.io/v1\nkind: ServiceCIDR\nmetadata: {{name: kubernetes}}\nspec: {{cidrs: [172.30.0.0/16]}}\n"
+    );
+    let before = plan_with(&config(), &state(CLUSTERIP));
+    let after = plan_with(&config(), &state(&with));
+    let text = after.ruleset.to_string();
+    assert!(text.contains("set service-cidrs {\n\t\ttype ipv4_addr\n\t\tflags interval\n"), "{text}");
+    assert!(text.contains("elements = { 172.30.0.0/16 }"), "{text}");
+    let reject = "ct state new ip daddr @cluster-ips fib daddr type != local reject";
+    let drop = "ct state new ip daddr @service-cidrs fib daddr type != local drop comment \"Drop forwarded traffic to unallocated ClusterIPs\"";
+    let (r, d) = (text.find(reject).unwrap(), text.find(drop).unwrap_or_else(|| panic!("{text}")));
+    assert!(r < d, "the reject of allocated ClusterIPs comes first");
+    assert!(text.contains("ip daddr @service-cidrs drop comment \"Drop traffic to unallocated ClusterIPs\""));
+    assert_eq!(text.matches("table ip6").count(), 0, "no IPv6 range, no ip6 table");
+    // Appearing and going away are one transaction each, accepted by the kernel's rules.
+    transition(&before, &after);
+    transition(&after, &before);
+    assert!(!before.ruleset.to_string().contains("service-cidrs"));
+}
+
+#[test]
+fn removing_the_last_endpoint_leaves_nothing_stale() {
+    let before = plan_with(&config(), &state(CLUSTERIP));
+    let without = CLUSTERIP.replace("- {addresses: [\"10.180.0.1\"], nodeName: node1}\n", "");
+    let after = plan_with(&config(), &state(&without));
+    let tx = transition(&before, &after);
+    let text = after.ruleset.to_string();
+    assert!(!text.contains("ns1/svc1:p80\" : 10.180"), "no endpoint of svc1 is left:\n{text}");
+    assert!(
+        !text.contains("172.30.0.41 . tcp . 80 counter packets 0 bytes 0 comment \"ns1/svc1:p80\","),
+        "not balanced any more:\n{text}"
+    );
+    assert!(
+        text.contains("172.30.0.41 . tcp . 80 counter packets 0 bytes 0 comment \"ns1/svc1:p80\" : goto reject-chain")
+    );
+    let s = summary(&tx);
+    assert!(s.contains(&"delete element ip nftproxy service-endpoints-1 (1 elements)".to_string()), "{s:#?}");
+    assert!(!s.iter().any(|l| l.contains(" chain ") || l.contains(" rule ")), "elements only: {s:#?}");
+}
+
+#[test]
+fn renaming_a_port_replaces_its_objects() {
+    let before = plan_with(&config(), &state(CLUSTERIP));
+    let renamed = CLUSTERIP.replace("name: p80, port: 80, protocol: TCP}]\n---\napiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata: {name: svc1-abc", "name: web, port: 80, protocol: TCP}]\n---\napiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata: {name: svc1-abc")
+        .replace("ports: [{name: p80, port: 80, protocol: TCP}]\nendpoints:\n- {addresses: [\"10.180.0.1\"]", "ports: [{name: web, port: 80, protocol: TCP}]\nendpoints:\n- {addresses: [\"10.180.0.1\"]");
+    let after = plan_with(&config(), &state(&renamed));
+    let text = after.ruleset.to_string();
+    assert!(text.contains("172.30.0.41 . tcp . 80 . 0 comment \"ns1/svc1:web\" : 10.180.0.1 . 80"), "{text}");
+    assert!(!text.contains("ns1/svc1:p80"));
+    let tx = transition(&before, &after);
+    let s = summary(&tx);
+    // The elements are the same but for their comment (the owner): replaced.
+    for set in ["balanced-service-ips", "service-endpoints-1"] {
+        assert!(s.contains(&format!("delete element ip nftproxy {set} (1 elements)")), "{s:#?}");
+        assert!(s.contains(&format!("add element ip nftproxy {set} (1 elements)")), "{s:#?}");
+    }
+}
+
+#[test]
+fn deleting_a_service_removes_all_of_it() {
+    let mut slots = Placement::new();
+    let before = plan_after(&config(), &state(CLUSTERIP), &mut slots);
+    let mut s = state(CLUSTERIP);
+    s.remove_service(&NamespacedName::new("ns2", "svc2"));
+    let after = plan_after(&config(), &s, &mut slots);
+    let text = after.ruleset.to_string();
+    assert!(!text.contains("svc2"), "{text}");
+    assert!(!text.contains("172.30.0.42"));
+    let tx = transition(&before, &after);
+    // Element deletions only: the maps for two and three endpoints stay (preset counts).
+    assert!(tx.ops.iter().all(|o| matches!(o.kind, OpKind::DeleteElements { .. })), "{:#?}", summary(&tx));
+    let only_svc2 = tx.ops.iter().all(|o| o.owners().iter().all(|w| !w.to_string().starts_with("ns1/")));
+    assert!(only_svc2, "only svc2's objects change: {:#?}", summary(&tx));
+}
+
+#[test]
+fn an_endpoint_swap_is_element_operations_only() {
+    let before = plan_with(&config(), &state(CLUSTERIP));
+    let after = plan_with(&config(), &state(&CLUSTERIP.replace("10.180.4.1", "10.180.4.2")));
+    let tx = transition(&before, &after);
+    let s = summary(&tx);
+    let map = "service-endpoints-3";
+    assert_eq!(
+        s,
+        vec![
+            "delete element ip nftproxy hairpin-endpoints (1 elements)".to_string(),
+            format!("delete element ip nftproxy {map} (1 elements)"),
+            "add element ip nftproxy hairpin-endpoints (1 elements)".to_string(),
+            format!("add element ip nftproxy {map} (1 elements)"),
+        ],
+        "{s:#?}"
+    );
+}
+
+/// One service `ns/big` with `n` endpoints.
+fn big_service(n: u32) -> String {
+    let endpoints: String = (0..n).map(|i| format!("- {{addresses: [\"10.181.0.{}\"]}}\n", i + 1)).collect();
+    format!(
+        "apiVersion: v1\nkind: Service\nmetadata: {{name: big, namespace: ns}}\nspec: {{clusterIP: 172.30.1.1, ports: [{{name: http, port: 80}}]}}\n---\napiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata: {{name: big-1, namespace: ns, labels: {{kubernetes.io/service-name: big}}}}\naddressType: IPv4\nports: [{{name: http, port: 8080}}]\nendpoints:\n{endpoints}"
+    )
+}
+
+#[test]
+fn adding_an_endpoint_moves_the_port_to_the_map_for_its_new_count() {
+    let before = plan_with(&config(), &state(CLUSTERIP));
+    // svc2:dns-udp goes from two endpoints to three: element operations only (the kernel
+    // commits element changes in a data map or a plain set without validating the table).
+    let more = CLUSTERIP.replace(
+        "ports: [{name: http, port: 8080, protocol: TCP}]\nendpoints:\n- {addresses: [\"10.180.4.1\"], nodeName: node4}",
+        "ports: [{name: http, port: 8080, protocol: TCP}, {name: dns-udp, port: 53, protocol: UDP}]\nendpoints:\n- {addresses: [\"10.180.4.1\"], nodeName: node4}",
+    );
+    let tx = transition(&before, &plan_with(&config(), &state(&more)));
+    assert_eq!(
+        summary(&tx),
+        vec![
+            "delete element ip nftproxy service-endpoints-2 (2 elements)",
+            "add element ip nftproxy service-endpoints-3 (3 elements)",
+        ]
+    );
+    // Past the preset counts a map exists while some port uses it, with its rule.
+    let n = BalanceMap::PRESET;
+    let (preset, beyond) =
+        (plan_with(&config(), &state(&big_service(n))), plan_with(&config(), &state(&big_service(n + 1))));
+    let s = summary(&transition(&preset, &beyond));
+    for op in [
+        format!("add set ip nftproxy service-endpoints-{}", n + 1),
+        format!("add element ip nftproxy service-endpoints-{} ({} elements)", n + 1, n + 1),
+        format!("delete element ip nftproxy service-endpoints-{n} ({n} elements)"),
+        "flush chain ip nftproxy balance-service".to_string(),
+    ] {
+        assert!(s.contains(&op), "{op} missing: {s:#?}");
+    }
+    let s = summary(&transition(&beyond, &preset));
+    assert!(s.contains(&format!("delete set ip nftproxy service-endpoints-{}", n + 1)), "{s:#?}");
+    assert!(!s.iter().any(|l| l.contains(" chain ") && !l.ends_with("balance-service")), "{s:#?}");
+}
+
+#[test]
+fn the_same_state_plans_the_same_ruleset() {
+    let a = plan_with(&config(), &state(CLUSTERIP));
+    let b = plan_with(&config(), &state(CLUSTERIP));
+    assert_eq!(a.ruleset, b.ruleset);
+    assert!(diff(&wire(&a), &wire(&b)).is_empty());
+}
+
+#[test]
+fn deleting_everything_deletes_the_tables() {
+    let before = plan_with(&config(), &state(CLUSTERIP));
+    let mut state = WireRuleset::default();
+    kernel::apply(&mut state, &diff(&WireRuleset::default(), &wire(&before))).unwrap();
+    let tx = diff(&state, &WireRuleset::default());
+    assert_eq!(summary(&tx), vec!["delete table ip nftproxy"]);
+    kernel::apply(&mut state, &tx).unwrap();
+    assert!(state.tables.is_empty());
+}
+
+#[test]
+fn external_golden() {
+    let p = plan_with(&config(), &state(EXTERNAL));
+    assert_golden("external.nft", &p.ruleset.to_string());
+    let text = p.ruleset.to_string();
+    assert!(!text.contains("9.9.9.9"), "ipMode Proxy ingress is not captured");
+    // Only Local-policy LoadBalancers get health checks; svc2 has no local endpoint.
+    assert_eq!(
+        p.health_checks,
+        vec![HealthCheck { service: NamespacedName::new("ns2", "svc2"), port: 30000, local_endpoints: 0 }]
+    );
+    assert_eq!(p.stats.no_local_external, 1);
+}
+
+#[test]
+fn match_all_nodeports_use_fib_and_drop_the_address_set() {
+    let (v4, v6) = (NodePorts::MatchAll, NodePorts::MatchAll);
+    let c = config();
+    let s = state(EXTERNAL);
+    let p = plan(&PlanInput { config: &c, state: &s, nodeports_v4: &v4, nodeports_v6: &v6 });
+    let text = p.ruleset.to_string();
+    assert!(text.contains("fib daddr type local ip daddr != 127.0.0.0/8 goto nodeports"));
+    assert!(!text.contains("nodeport-ips"));
+}
+
+#[test]
+fn affinity_golden() {
+    let p = plan_with(&config(), &state(AFFINITY));
+    assert_golden("affinity.nft", &p.ruleset.to_string());
+}
+
+/// What `explain` predicts for a new TCP connection from a pod to `dst` over `plan`: per
+/// endpoint its share, and the slot the connection is recorded in (affinity).
+fn predicted(plan: &Plan, dst: &str) -> Vec<(std::net::IpAddr, f64, Option<u32>)> {
+    use crate::explain::{Connection, LocalAddresses, Verdict, explain};
+    let dst: std::net::SocketAddr = dst.parse().unwrap();
+    let connection = Connection {
+        source: "10.180.9.9".parse().unwrap(),
+        source_port: 40000,
+        destination: dst.ip(),
+        destination_port: dst.port(),
+        protocol: 6,
+        local: false,
+        input_interface: None,
+    };
+    let e = explain(&wire(plan), "nftproxy", "manifests", &LocalAddresses::default(), &connection).unwrap();
+    e.outcomes
+        .iter()
+        .map(|o| {
+            assert_eq!(o.verdict, Verdict::Dnat, "{}", o.reason);
+            let slot = o.affinity_updates.iter().find_map(|u| u.rsplit_once(" . ")?.1.strip_suffix(" }")?.parse().ok());
+            (o.endpoint.unwrap().0, o.share, slot)
+        })
+        .collect()
+}
+
+/// A port with more affine endpoints than one window of slots holds (255) splits its slots in
+/// groups: every endpoint is still reached, new clients spread evenly over all of them, and a
+/// client is recorded in the slot of the endpoint it is sent to (so it sticks there).
+#[test]
+fn every_endpoint_of_a_large_affine_port_is_reached_and_recorded_in_its_slot() {
+    for n in [1500, 5000] {
+        let mut placement = Placement::new();
+        let plan = plan_after(&config(), &state(&affine_service("many", "172.30.9.9", n, true)), &mut placement);
+        let slots: Vec<_> = placement.affinity_slots().collect();
+        let [(_, slots)] = slots.as_slice() else { panic!("one affine port") };
+        assert!(slots.grouped(), "{n} endpoints: {} slots", slots.capacity());
+        let bound = slots.index();
+        let outcomes = predicted(&plan, "172.30.9.9:80");
+        let reached: BTreeSet<_> = outcomes.iter().map(|(ep, _, _)| *ep).collect();
+        assert_eq!((outcomes.len(), reached.len()), (n as usize, n as usize), "every endpoint, once");
+        let total: f64 = outcomes.iter().map(|(_, s, _)| s).sum();
+        assert!((total - 1.0).abs() < 1e-9, "{total}");
+        let fair = 1.0 / f64::from(n);
+        for (ep, share, slot) in &outcomes {
+            assert!((share / fair - 1.0).abs() < 0.1, "{ep}: {share} against {fair}");
+            let want = bound.get(&(*ep, 8080)).map(|j| u32::try_from(*j).unwrap());
+            assert_eq!(*slot, want, "{ep} is recorded in its own slot");
+        }
+    }
+}
+
+/// A balanced port of thousands of endpoints (no affinity) gets its map and rule for its
+/// count, and `explain` sees each endpoint's share.
+#[test]
+fn a_large_balanced_port_reaches_every_endpoint_evenly() {
+    let plan = plan_with(&config(), &state(&affine_service("many", "172.30.9.9", 5000, false)));
+    let text = plan.ruleset.to_string();
+    assert!(text.contains("numgen random mod 5000 map @service-endpoints-5000"));
+    let outcomes = predicted(&plan, "172.30.9.9:80");
+    assert_eq!(outcomes.len(), 5000);
+    assert!(outcomes.iter().all(|(_, share, slot)| (share * 5000.0 - 1.0).abs() < 1e-9 && slot.is_none()));
+}
+
+/// Dual-stack (`nft-templates/dualstack.nft`): an IPv6-primary NodePort service with IPv4 too.
+pub const DUAL_STACK: &str = r#"
+apiVersion: v1
+kind: Service
+metadata: {name: web, namespace: ns1}
+spec:
+  type: NodePort
+  ipFamilies: [IPv6, IPv4]
+  clusterIPs: ["fd00:172:30::41", 172.30.0.41]
+  ports: [{name: http, port: 80, protocol: TCP, nodePort: 30080}]
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {name: web-v6, namespace: ns1, labels: {kubernetes.io/service-name: web}}
+addressType: IPv6
+ports: [{name: http, port: 8080, protocol: TCP}]
+endpoints:
+- {addresses: ["fd00:10:180::1"], nodeName: node1}
+- {addresses: ["fd00:10:180::2:1"], nodeName: node2}
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {name: web-v4, namespace: ns1, labels: {kubernetes.io/service-name: web}}
+addressType: IPv4
+ports: [{name: http, port: 8080, protocol: TCP}]
+endpoints:
+- {addresses: ["10.180.0.1"], nodeName: node1}
+"#;
+
+#[test]
+fn dual_stack_golden() {
+    let mut c = config();
+    c.cluster_cidrs = parse_cidrs("--cluster-cidr", "10.0.0.0/8,fd00:10::/48").unwrap_or_default();
+    let p = plan_with(&c, &state(DUAL_STACK));
+    assert_eq!(p.ruleset.tables.len(), 2);
+    assert_golden("dualstack.nft", &p.ruleset.to_string());
+}
+
+/// Topology and internal traffic policy (`nft-templates/topology.nft`): node1 is in zone-a.
+pub const TOPOLOGY: &str = r#"
+apiVersion: v1
+kind: Node
+metadata: {name: node1, labels: {topology.kubernetes.io/zone: zone-a}}
+status: {addresses: [{type: InternalIP, address: 192.168.0.2}]}
+---
+apiVersion: v1
+kind: Service
+metadata: {name: zonal, namespace: ns1}
+spec:
+  clusterIP: 172.30.0.41
+  trafficDistribution: PreferSameZone
+  ports: [{name: http, port: 80, protocol: TCP}]
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {name: zonal-abc, namespace: ns1, labels: {kubernetes.io/service-name: zonal}}
+addressType: IPv4
+ports: [{name: http, port: 8080, protocol: TCP}]
+endpoints:
+- {addresses: ["10.180.0.1"], nodeName: node1, zone: zone-a, hints: {forZones: [{name: zone-a}]}}
+- {addresses: ["10.180.0.2"], nodeName: node2, zone: zone-a, hints: {forZones: [{name: zone-a}]}}
+- {addresses: ["10.180.0.3"], nodeName: node3, zone: zone-b, hints: {forZones: [{name: zone-b}]}}
+---
+apiVersion: v1
+kind: Service
+metadata: {name: node-local, namespace: ns2}
+spec:
+  clusterIP: 172.30.0.42
+  internalTrafficPolicy: Local
+  ports: [{name: http, port: 80, protocol: TCP}]
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {name: node-local-abc, namespace: ns2, labels: {kubernetes.io/service-name: node-local}}
+addressType: IPv4
+ports: [{name: http, port: 8080, protocol: TCP}]
+endpoints:
+- {addresses: ["10.180.0.4"], nodeName: node1}
+- {addresses: ["10.180.0.5"], nodeName: node2}
+---
+apiVersion: v1
+kind: Service
+metadata: {name: elsewhere, namespace: ns3}
+spec:
+  clusterIP: 172.30.0.43
+  internalTrafficPolicy: Local
+  ports: [{name: http, port: 80, protocol: TCP}]
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {name: elsewhere-abc, namespace: ns3, labels: {kubernetes.io/service-name: elsewhere}}
+addressType: IPv4
+ports: [{name: http, port: 8080, protocol: TCP}]
+endpoints:
+- {addresses: ["10.180.0.6"], nodeName: node2}
+"#;
+
+#[test]
+fn topology_golden() {
+    let p = plan_with(&config(), &state(TOPOLOGY));
+    assert_golden("topology.nft", &p.ruleset.to_string());
+    let text = p.ruleset.to_string();
+    assert!(!text.contains("10.180.0.3 . 8080"), "zone-b endpoint unused in zone-a");
+    assert!(
+        text.contains("172.30.0.43 . tcp . 80 counter packets 0 bytes 0 comment \"ns3/elsewhere:http\" : drop"),
+        "{text}"
+    );
+}
+
+/// Both traffic policies Local on a NodePort: pods and the node reaching it are still
+/// short-circuited to the cluster-wide endpoints (as upstream's `UsesClusterEndpoints`), so the
+/// node port's cluster-wide endpoints are in `nodeport-endpoints-4` beside its local one.
+#[test]
+fn both_policies_local_still_short_circuit_to_every_endpoint() {
+    let s = state(
+        r#"
+apiVersion: v1
+kind: Service
+metadata: {name: svc0, namespace: ns0}
+spec:
+  type: NodePort
+  clusterIP: 10.96.0.1
+  externalTrafficPolicy: Local
+  internalTrafficPolicy: Local
+  ports: [{name: http, port: 80, nodePort: 30000}]
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {name: svc0-a, namespace: ns0, labels: {kubernetes.io/service-name: svc0}}
+addressType: IPv4
+ports: [{name: http, port: 8080}]
+endpoints:
+- {addresses: ["10.128.0.1"], nodeName: node1}
+- {addresses: ["10.128.0.2"], nodeName: node2}
+- {addresses: ["10.128.0.3"], nodeName: node3}
+- {addresses: ["10.128.0.4"], nodeName: node4}
+"#,
+    );
+    let ruleset = plan_with(&config(), &s).ruleset;
+    let text = ruleset.to_string();
+    assert!(text.contains("short-circuit pod traffic"), "{text}");
+    let table = &ruleset.tables[0];
+    // The endpoints (address . port) each map holds for `key`, by index.
+    let held = |map: &str, key: &[Value]| -> Vec<String> {
+        let set = &table.sets[map];
+        (0u32..)
+            .map_while(|i| {
+                let mut k = key.to_vec();
+                k.push(Value::Index(i));
+                match &set.elements.get(&k)?.data {
+                    ElementData::Values(v) => Some(format!("{v:?}")),
+                    _ => None,
+                }
+            })
+            .collect()
+    };
+    let node_port = [Value::Proto(L4Proto::Tcp), Value::Port(30000)];
+    let endpoint = |ip: &str| format!("{:?}", [Value::Addr(ip.parse().unwrap()), Value::Port(8080)]);
+    // Pods and the node: every endpoint; everyone else: node1's.
+    let all: Vec<String> = ["10.128.0.1", "10.128.0.2", "10.128.0.3", "10.128.0.4"].map(endpoint).to_vec();
+    assert_eq!(held("nodeport-endpoints-4", &node_port), all);
+    assert_eq!(held("local-nodeport-endpoints-1", &node_port), vec![endpoint("10.128.0.1")]);
+    // The ClusterIP under internalTrafficPolicy Local: node1's endpoint.
+    let cluster_ip = [Value::Addr("10.96.0.1".parse().unwrap()), Value::Proto(L4Proto::Tcp), Value::Port(80)];
+    assert_eq!(held("service-endpoints-1", &cluster_ip), vec![endpoint("10.128.0.1")]);
+    assert!(table.sets["balanced-local-nodeports"].elements.contains_key(node_port.as_slice()));
+    kernel::apply(&mut WireRuleset::default(), &diff(&WireRuleset::default(), &lower_ruleset(&ruleset)))
+        .unwrap_or_else(|e| panic!("kernel refused the plan: {e:?}\n{text}"));
+}
