@@ -138,6 +138,12 @@ fn the_container_build_is_multi_stage() {
     assert!(text.contains("libnftnl11") && text.contains("libmnl0"));
     // The image swap: installers run /usr/local/bin/kube-proxy.
     assert!(text.contains("ln -s nftproxy /usr/local/bin/kube-proxy"), "the image carries the kube-proxy link");
+    // Every workspace member is copied into the build stage, or the build cannot resolve it.
+    let manifest = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("Cargo.toml")).unwrap();
+    let members = manifest.lines().find(|l| l.starts_with("members")).expect("workspace members");
+    for member in members.split('"').skip(1).step_by(2).filter(|m| *m != ".") {
+        assert!(text.contains(&format!("COPY {member} {member}")), "the Containerfile does not copy {member}/");
+    }
 }
 
 /// The node agent talks netlink only: no module of the `nftproxy` crate may start a program
