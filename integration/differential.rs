@@ -34,9 +34,9 @@ use nftproxy_tools::lab::traffic;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 enum Proxy {
     Nftproxy,
-    KubeProxy,
+    UpstreamNftables,
     /// Upstream in iptables mode: a reference, never compared for failure.
-    KubeProxyIptables,
+    UpstreamIptables,
 }
 
 /// Differences from upstream (nftables mode) that this test may see and that nftproxy makes on
@@ -428,7 +428,7 @@ impl Running {
         match proxy {
             Proxy::Nftproxy => command.arg("run"),
             // At level 2 upstream logs each sync's end ("SyncProxyRules complete").
-            Proxy::KubeProxy | Proxy::KubeProxyIptables => command.arg("--v=2"),
+            Proxy::UpstreamNftables | Proxy::UpstreamIptables => command.arg("--v=2"),
         };
         let child = command
             .arg(format!("--config={}", config.display()))
@@ -451,7 +451,7 @@ impl Running {
     fn synced(&self, lab: &ClusterLab) -> bool {
         match self.proxy {
             Proxy::Nftproxy => synced_since(lab, self.started),
-            Proxy::KubeProxy | Proxy::KubeProxyIptables => {
+            Proxy::UpstreamNftables | Proxy::UpstreamIptables => {
                 let text = self.text();
                 ["IPv4", "IPv6"].iter().all(|f| text.contains(&format!("\"SyncProxyRules complete\" ipFamily=\"{f}\"")))
             }
@@ -543,7 +543,7 @@ impl Setup<'_> {
     fn program(&self, proxy: Proxy) -> std::path::PathBuf {
         match proxy {
             Proxy::Nftproxy => std::path::PathBuf::from(env!("CARGO_BIN_EXE_nftproxy")),
-            Proxy::KubeProxy | Proxy::KubeProxyIptables => self.cp.bins.path("kube-proxy"),
+            Proxy::UpstreamNftables | Proxy::UpstreamIptables => self.cp.bins.path("kube-proxy"),
         }
     }
 
@@ -556,7 +556,7 @@ impl Setup<'_> {
         let node1 = &self.lab.lab.node("node1").ns;
         let cleanup = match proxy {
             Proxy::Nftproxy => node1.command(env!("CARGO_BIN_EXE_nftproxy")).arg("cleanup").output(),
-            Proxy::KubeProxy | Proxy::KubeProxyIptables => {
+            Proxy::UpstreamNftables | Proxy::UpstreamIptables => {
                 node1.command(self.program(proxy).to_str().expect("path")).arg("--cleanup").output()
             }
         }
@@ -745,8 +745,8 @@ fn nftproxy_and_kube_proxy_give_the_same_answers() {
     let token = cp.token("kube-system", "kube-proxy").expect("token");
     let kubeconfig = lab.write("kube-proxy.kubeconfig", &cp.kubeconfig(&token));
     let mut configs = BTreeMap::new();
-    for proxy in [Proxy::Nftproxy, Proxy::KubeProxy, Proxy::KubeProxyIptables] {
-        let mode = if proxy == Proxy::KubeProxyIptables { "iptables" } else { "nftables" };
+    for proxy in [Proxy::Nftproxy, Proxy::UpstreamNftables, Proxy::UpstreamIptables] {
+        let mode = if proxy == Proxy::UpstreamIptables { "iptables" } else { "nftables" };
         configs.insert((proxy, "main"), lab.write(&format!("{proxy:?}.conf"), &config(&kubeconfig, mode, "")));
         for (name, extra) in NODEPORT_ADDRESSES {
             let file = format!("{proxy:?}-{}.conf", name.replace(' ', "-"));
@@ -796,7 +796,7 @@ fn nftproxy_and_kube_proxy_give_the_same_answers() {
     ];
 
     let mut seen: BTreeMap<Proxy, Observed> = BTreeMap::new();
-    for proxy in [Proxy::Nftproxy, Proxy::KubeProxy, Proxy::KubeProxyIptables] {
+    for proxy in [Proxy::Nftproxy, Proxy::UpstreamNftables, Proxy::UpstreamIptables] {
         let proxy_started = Instant::now();
         setup.reset();
         let mut observed = Observed::new();
@@ -869,8 +869,8 @@ fn nftproxy_and_kube_proxy_give_the_same_answers() {
 
     // Report: every check, with the three proxies' values side by side where they differ.
     let ours = &seen[&Proxy::Nftproxy];
-    let theirs = &seen[&Proxy::KubeProxy];
-    let iptables = &seen[&Proxy::KubeProxyIptables];
+    let theirs = &seen[&Proxy::UpstreamNftables];
+    let iptables = &seen[&Proxy::UpstreamIptables];
     let keys: BTreeSet<&String> = ours.keys().chain(theirs.keys()).chain(iptables.keys()).collect();
     let mut differences: Vec<String> = Vec::new();
     let mut report = String::new();
