@@ -23,10 +23,10 @@ const MAX_EXCLUSIONS_PER_SYNC: usize = 16;
 fn proxy(kernel: &SharedFake) -> Proxy {
     let mut config = ProxyConfig::new("node1");
     config.cluster_cidrs = nftproxy::config::parse_cidrs("x", "10.128.0.0/9").unwrap();
-    let targets = NodePortTargets {
-        v4: NodePorts::Addresses(vec![IpAddr::V4(Ipv4Addr::new(192, 168, 0, 2))]),
-        v6: NodePorts::Addresses(vec![]),
-    };
+    let targets = NodePortTargets::new(
+        NodePorts::Addresses(vec![IpAddr::V4(Ipv4Addr::new(192, 168, 0, 2))]),
+        NodePorts::Addresses(vec![]),
+    );
     Proxy::with_resolver(config, kernel.clone(), Box::new(move |_: &ProxyConfig, _: Option<&NodeInfo>| targets.clone()))
 }
 

@@ -201,7 +201,17 @@ pub(crate) fn start(
     handler: Handler,
     limits: Limits,
 ) -> std::io::Result<watch::Sender<bool>> {
-    let std_listener = bind(addr)?;
+    start_on(rt, bind(addr)?, handler, limits)
+}
+
+/// Serves `handler` on a bound, non-blocking listener in the runtime behind `rt`; the returned
+/// switch stops it.
+pub(crate) fn start_on(
+    rt: &Handle,
+    std_listener: std::net::TcpListener,
+    handler: Handler,
+    limits: Limits,
+) -> std::io::Result<watch::Sender<bool>> {
     let (stop_tx, stop_rx) = watch::channel(false);
     let _guard = rt.enter();
     let listener = tokio::net::TcpListener::from_std(std_listener)?;

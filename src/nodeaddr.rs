@@ -1,9 +1,13 @@
 //! Which local addresses accept NodePort traffic (`--nodeport-addresses`).
 //!
-//! Per family, as upstream: the family's CIDRs and, for `primary` (the default), the node's
-//! primary IP of the family; a family with neither, a `/0` range and `all` mean every local
-//! address of the family (matched with `fib daddr type local`). Loopback is never served, as
-//! in upstream's nftables mode. These lookups read the calling thread's network namespace.
+//! Per family, as upstream: the family's CIDRs (`localhost` is `127.0.0.0/8` and `::1/128`)
+//! and, for `primary` (the default), the node's primary IP of the family; a family with
+//! neither, a `/0` range and `all` mean every local address of the family (matched with
+//! `fib daddr type local`). Loopback is never served, as in upstream's nftables mode without
+//! its alpha gate `KubeProxyNFTablesLocalhostNodePorts` (nor is `route_localnet` set); the
+//! loopback addresses inside the ranges are still where health-check node ports listen, as
+//! upstream's health-check servers take every local address the ranges hold. These lookups
+//! read the calling thread's network namespace.
 
 use std::net::IpAddr;
 
@@ -19,6 +23,16 @@ use crate::plan::NodePorts;
 pub struct NodePortTargets {
     pub v4: NodePorts,
     pub v6: NodePorts,
+    /// Loopback addresses inside a family's ranges (when the family does not match all): no
+    /// NodePort answers there, but health-check node ports listen there too, as upstream's.
+    pub loopback: Vec<IpAddr>,
+}
+
+impl NodePortTargets {
+    /// These targets, with no loopback address in the ranges.
+    pub fn new(v4: NodePorts, v6: NodePorts) -> NodePortTargets {
+        NodePortTargets { v4, v6, loopback: Vec::new() }
+    }
 }
 
 /// Addresses of the local interfaces: (interface, address).
@@ -105,14 +119,17 @@ pub fn resolve(setting: &NodePortAddresses, node: Option<&NodeInfo>) -> NodePort
 /// per-family proxiers do: the family's CIDRs plus, for `primary`, the node's primary IP of
 /// the family; a family left with nothing (no CIDR of it, no primary IP known) or holding a
 /// `/0` range, and every family under `all`, accepts NodePorts on every local address
-/// (`fib daddr type local`). Otherwise the local addresses inside the ranges, never loopback.
+/// (`fib daddr type local`). Otherwise the local addresses inside the ranges, never loopback:
+/// a family limited to loopback (`localhost`, `127.0.0.0/8`) serves NodePorts nowhere, as
+/// upstream's nftables mode. The loopback addresses inside the ranges are returned apart.
 pub(crate) fn resolve_with(
     setting: &NodePortAddresses,
     node: Option<&NodeInfo>,
     local: &[(String, IpAddr)],
     default_iface: &dyn Fn(IpFamily) -> Option<String>,
 ) -> NodePortTargets {
-    let per_family = |family: IpFamily| -> NodePorts {
+    let mut loopback = Vec::new();
+    let mut per_family = |family: IpFamily| -> NodePorts {
         if setting.all {
             return NodePorts::MatchAll;
         }
@@ -125,13 +142,17 @@ pub(crate) fn resolve_with(
         if ranges.is_empty() || ranges.iter().any(|c| c.prefix_len() == 0) {
             return NodePorts::MatchAll;
         }
-        let mut ips: Vec<IpAddr> =
-            local.iter().map(|(_, ip)| *ip).filter(|ip| usable(ip) && ranges.iter().any(|c| c.contains(ip))).collect();
+        let inside = |ip: &IpAddr| ranges.iter().any(|c| c.contains(ip));
+        loopback.extend(local.iter().map(|(_, ip)| *ip).filter(|ip| ip.is_loopback() && inside(ip)));
+        let mut ips: Vec<IpAddr> = local.iter().map(|(_, ip)| *ip).filter(|ip| usable(ip) && inside(ip)).collect();
         ips.sort();
         ips.dedup();
         NodePorts::Addresses(ips)
     };
-    NodePortTargets { v4: per_family(IpFamily::V4), v6: per_family(IpFamily::V6) }
+    let (v4, v6) = (per_family(IpFamily::V4), per_family(IpFamily::V6));
+    loopback.sort();
+    loopback.dedup();
+    NodePortTargets { v4, v6, loopback }
 }
 
 #[cfg(test)]
@@ -176,8 +197,39 @@ mod tests {
         // A zero range matches all of its family only.
         let t = resolved(&cidrs("0.0.0.0/0,fd00:50::/64"), None);
         assert_eq!((t.v4, t.v6), (NodePorts::MatchAll, addrs(&["fd00:50::2"])));
-        // Loopback inside a range is never served.
-        assert_eq!(resolved(&cidrs("127.0.0.0/8,10.0.0.0/8"), None).v4, addrs(&["10.0.0.5"]));
+        // Loopback inside a range is never served, but kept apart for health-check servers.
+        let t = resolved(&cidrs("127.0.0.0/8,10.0.0.0/8"), None);
+        assert_eq!((&t.v4, &t.v6), (&addrs(&["10.0.0.5"]), &NodePorts::MatchAll));
+        assert_eq!(t.loopback, ["127.0.0.1".parse::<IpAddr>().unwrap()]);
+    }
+
+    /// Upstream v1.37 (nftables mode, its localhost gate off) expands `localhost` to
+    /// `127.0.0.0/8` and `::1/128`, skips loopback in `nodeport-ips`, and listens for health
+    /// checks on every local address inside the ranges, loopback included.
+    #[test]
+    fn loopback_only_ranges_serve_no_nodeport_and_limit_their_family() {
+        let parse = |list: &str| crate::config::parse_nodeport_addresses("x", &[list.to_string()]).unwrap().0;
+        let dual = node(&["192.168.50.2", "fd00:50::2"]);
+        // localhost alone: no NodePort anywhere, in either family (neither matches all).
+        let t = resolved(&parse("localhost"), Some(&dual));
+        assert_eq!((&t.v4, &t.v6), (&addrs(&[]), &addrs(&[])));
+        assert_eq!(t.loopback, ["127.0.0.1".parse::<IpAddr>().unwrap(), "::1".parse().unwrap()]);
+        // An IPv4 loopback range alone: no IPv4 NodePort; IPv6, which it does not name, on all.
+        let t = resolved(&parse("127.0.0.0/8"), Some(&dual));
+        assert_eq!((&t.v4, &t.v6), (&addrs(&[]), &NodePorts::MatchAll));
+        assert_eq!(t.loopback, ["127.0.0.1".parse::<IpAddr>().unwrap()]);
+        // Mixed with another range or with primary: the other addresses only.
+        let t = resolved(&parse("127.0.0.0/8,192.168.50.0/24"), Some(&dual));
+        assert_eq!((&t.v4, &t.v6), (&addrs(&["192.168.50.2"]), &NodePorts::MatchAll));
+        let t = resolved(&parse("localhost,primary"), Some(&dual));
+        assert_eq!((&t.v4, &t.v6), (&addrs(&["192.168.50.2"]), &addrs(&["fd00:50::2"])));
+        assert_eq!(t.loopback.len(), 2);
+        // A family that matches all has no loopback apart (its health checks bind the wildcard).
+        let t = resolved(&parse("0.0.0.0/0,::1/128"), Some(&dual));
+        assert_eq!((&t.v4, &t.v6), (&NodePorts::MatchAll, &addrs(&[])));
+        assert_eq!(t.loopback, ["::1".parse::<IpAddr>().unwrap()]);
+        // The default and all: no loopback anywhere.
+        assert!(resolved(&NodePortAddresses::primary(), Some(&dual)).loopback.is_empty());
     }
 
     #[test]
@@ -196,7 +248,7 @@ mod tests {
         both.primary = true;
         assert_eq!(resolved(&both, Some(&node(&["192.168.50.2"]))).v4, addrs(&["10.0.0.5", "192.168.50.2"]));
         both.all = true;
-        assert_eq!(resolved(&both, None), NodePortTargets { v4: NodePorts::MatchAll, v6: NodePorts::MatchAll });
+        assert_eq!(resolved(&both, None), NodePortTargets::new(NodePorts::MatchAll, NodePorts::MatchAll));
     }
 
     #[test]

@@ -411,6 +411,7 @@ mod tests {
         let nodeports: crate::sync::NodePortResolver = Box::new(|_, _| crate::nodeaddr::NodePortTargets {
             v4: crate::plan::NodePorts::Addresses(Vec::new()),
             v6: crate::plan::NodePorts::Addresses(Vec::new()),
+            loopback: Vec::new(),
         });
         let mut syncer = crate::sync::Syncer::new(config, Box::new(kernel.clone()), nodeports);
         syncer.prepend_to_next_full_sync(leftovers.ops());

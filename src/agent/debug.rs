@@ -292,6 +292,7 @@ mod tests {
         let nodeports = Box::new(|_: &ProxyConfig, _: Option<&crate::model::NodeInfo>| NodePortTargets {
             v4: NodePorts::Addresses(vec!["192.168.50.2".parse().unwrap()]),
             v6: NodePorts::MatchAll,
+            loopback: Vec::new(),
         });
         let mut syncer = Syncer::new(ProxyConfig::new("node1"), Box::new(FakeNetfilter::new()), nodeports);
         let pending = index.take_pending();

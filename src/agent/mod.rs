@@ -295,7 +295,7 @@ impl Observer for AgentObserver {
                     // to every address: upstream has no proxier, hence no server, for it.
                     let unused = NodePorts::Addresses(Vec::new());
                     let v6 = if families.contains(&IpFamily::V6) { &s.nodeports.v6 } else { &unused };
-                    let failures = self.servers.sync(&s.health_checks, &s.nodeports.v4, v6);
+                    let failures = self.servers.sync(&s.health_checks, &s.nodeports.v4, v6, &s.nodeports.loopback);
                     // A server that could not bind is tried again after the next sync.
                     self.health_served = failures.is_empty().then_some(served);
                     for f in failures {

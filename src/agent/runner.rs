@@ -321,6 +321,7 @@ mod tests {
         Box::new(|_: &ProxyConfig, _: Option<&crate::model::NodeInfo>| NodePortTargets {
             v4: NodePorts::Addresses(vec![]),
             v6: NodePorts::Addresses(vec![]),
+            loopback: Vec::new(),
         })
     }
 
@@ -499,6 +500,7 @@ mod tests {
         Box::new(|_: &ProxyConfig, node: Option<&crate::model::NodeInfo>| NodePortTargets {
             v4: NodePorts::Addresses(node.map(|n| n.host_ips.clone()).unwrap_or_default()),
             v6: NodePorts::Addresses(vec![]),
+            loopback: Vec::new(),
         })
     }
 

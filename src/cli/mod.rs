@@ -503,8 +503,9 @@ pub struct ProxyArgs {
     #[arg(long, value_name = "BIT", default_value_t = 14)]
     pub masquerade_bit: u32,
     /// Addresses that accept NodePorts: CIDRs and the keywords `primary` (the default), `all`
-    /// and `localhost` (not served), comma-separated; a family none of them names accepts
-    /// NodePorts on all its local addresses.
+    /// and `localhost` (127.0.0.0/8 and ::1/128; NodePorts are never served on loopback),
+    /// comma-separated; a family none of them names accepts NodePorts on all its local
+    /// addresses.
     #[arg(long, value_name = "CIDRS")]
     pub nodeport_addresses: Vec<String>,
     /// Overrides this node's primary IP (of its family) for `primary` node-port addresses and

@@ -123,7 +123,7 @@ fn all(targets: &[ConntrackTarget]) -> ConntrackUpdate {
 }
 
 fn nodeports() -> NodePortTargets {
-    NodePortTargets { v4: NodePorts::Addresses(vec![ip(NODE_IP)]), v6: NodePorts::Addresses(vec![]) }
+    NodePortTargets::new(NodePorts::Addresses(vec![ip(NODE_IP)]), NodePorts::Addresses(vec![]))
 }
 
 /// A state holding Service default/<name> with a UDP port `dns` on `cluster_ip`.

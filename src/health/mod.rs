@@ -8,8 +8,8 @@
 //!   local ready endpoints and the proxy is healthy, 503 otherwise, with a JSON body naming the
 //!   service and the count. Load balancers use it to send traffic only to nodes with endpoints.
 
-use std::collections::{BTreeMap, BTreeSet};
-use std::net::{IpAddr, Ipv6Addr, SocketAddr};
+use std::collections::BTreeMap;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant, SystemTime};
 
@@ -19,8 +19,8 @@ use tokio::sync::watch;
 use tracing::{error, info};
 
 #[cfg(test)]
-use crate::http::Asked;
-use crate::http::{Handler, Limits, Reply, start};
+use crate::http::{Asked, start};
+use crate::http::{Handler, Limits, Reply, start_on};
 use crate::metrics::Metrics;
 use crate::model::NamespacedName;
 use crate::net::IpFamily;
@@ -247,37 +247,43 @@ impl ServiceHealthServers {
     }
 
     /// Opens servers for new checks and new addresses, and closes those of services that went
-    /// away and of former addresses. Addresses are the node-port addresses (every address when
-    /// NodePorts match all).
+    /// away and of former addresses. Addresses are the node-port addresses of the service's
+    /// families and the `loopback` addresses inside their ranges (the family's wildcard when
+    /// its NodePorts match all), as upstream's per-family health-check servers have them.
     pub(crate) fn sync(
         &mut self,
         checks: &[HealthCheck],
         v4: &NodePorts,
         v6: &NodePorts,
+        loopback: &[IpAddr],
     ) -> Vec<HealthCheckBindFailure> {
         let mut failures = Vec::new();
-        let wanted: BTreeSet<(NamespacedName, u16)> = checks.iter().map(|c| (c.service.clone(), c.port)).collect();
-        let addresses = listen_addresses(v4, v6);
-        self.running.retain(|(service, port), servers| {
-            let keep = wanted.contains(&(service.clone(), *port));
+        let wanted: BTreeMap<(NamespacedName, u16), Vec<IpAddr>> = checks
+            .iter()
+            .map(|c| ((c.service.clone(), c.port), listen_addresses(&c.families, v4, v6, loopback)))
+            .collect();
+        self.running.retain(|key, servers| {
+            let addresses = wanted.get(key);
+            let (service, port) = key;
             servers.retain(|ip, stop| {
-                let stays = keep && addresses.contains(ip);
+                let stays = addresses.is_some_and(|a| a.contains(ip));
                 if !stays {
                     info!(service = %service, port, address = %ip, "closing health-check server");
                     let _ = stop.send(true);
                 }
                 stays
             });
-            keep
+            addresses.is_some()
         });
-        for (service, port) in wanted {
+        for ((service, port), addresses) in wanted {
             let servers = self.running.entry((service.clone(), port)).or_default();
             for ip in &addresses {
                 if servers.contains_key(ip) {
                     continue;
                 }
                 let handler = service_handler(Arc::clone(&self.health), service.clone());
-                match start(&self.rt, SocketAddr::new(*ip, port), handler, self.limits) {
+                let addr = SocketAddr::new(*ip, port);
+                match health_check_listener(addr).and_then(|l| start_on(&self.rt, l, handler, self.limits)) {
                     Ok(stop) => {
                         info!(service = %service, port, address = %ip, "health-check server open");
                         servers.insert(*ip, stop);
@@ -313,16 +319,40 @@ impl Drop for ServiceHealthServers {
     }
 }
 
-/// Where health-check servers listen: each node-port address, or everywhere (`[::]`, which also
-/// takes IPv4) when NodePorts match every local address.
-fn listen_addresses(v4: &NodePorts, v6: &NodePorts) -> Vec<IpAddr> {
-    if matches!(v4, NodePorts::MatchAll) || matches!(v6, NodePorts::MatchAll) {
-        return vec![IpAddr::V6(Ipv6Addr::UNSPECIFIED)];
+/// A non-blocking listener for a health-check server. An IPv6 socket takes IPv6 only (as
+/// upstream's `tcp6` listeners), so that `[::]` does not also take IPv4 for a service that
+/// may not have that family.
+fn health_check_listener(addr: SocketAddr) -> std::io::Result<std::net::TcpListener> {
+    use nix::sys::socket::{
+        AddressFamily, Backlog, SockFlag, SockType, SockaddrStorage, bind, listen, setsockopt, socket, sockopt,
+    };
+    if addr.is_ipv4() {
+        return crate::http::bind(addr);
     }
+    let flags = SockFlag::SOCK_CLOEXEC | SockFlag::SOCK_NONBLOCK;
+    let fd = socket(AddressFamily::Inet6, SockType::Stream, flags, None)?;
+    setsockopt(&fd, sockopt::ReuseAddr, &true)?;
+    setsockopt(&fd, sockopt::Ipv6V6Only, &true)?;
+    bind(std::os::fd::AsRawFd::as_raw_fd(&fd), &SockaddrStorage::from(addr))?;
+    listen(&fd, Backlog::new(1024)?)?;
+    Ok(std::net::TcpListener::from(fd))
+}
+
+/// Where a service's health-check servers listen, per family of the service: each node-port
+/// address of the family and the loopback addresses inside its ranges, or the family's
+/// wildcard (`0.0.0.0`, or `[::]` for IPv6 only) when its NodePorts match every local address.
+fn listen_addresses(families: &[IpFamily], v4: &NodePorts, v6: &NodePorts, loopback: &[IpAddr]) -> Vec<IpAddr> {
     let mut out = Vec::new();
-    for np in [v4, v6] {
-        if let NodePorts::Addresses(ips) = np {
-            out.extend(ips.iter().copied());
+    for family in families {
+        let (nodeports, any) = match family {
+            IpFamily::V4 => (v4, IpAddr::V4(Ipv4Addr::UNSPECIFIED)),
+            IpFamily::V6 => (v6, IpAddr::V6(Ipv6Addr::UNSPECIFIED)),
+        };
+        match nodeports {
+            NodePorts::MatchAll => out.push(any),
+            NodePorts::Addresses(ips) => {
+                out.extend(ips.iter().chain(loopback).copied().filter(|ip| IpFamily::of(ip) == *family));
+            }
         }
     }
     out.sort();
@@ -356,12 +386,17 @@ mod tests {
         bounded(async {
             let h = ProxyHealth::new(Duration::from_secs(60));
             let port = free_port();
-            let checks = [HealthCheck { service: NamespacedName::new("ns", "lb"), port, local_endpoints: 2 }];
+            let checks = [HealthCheck {
+                service: NamespacedName::new("ns", "lb"),
+                port,
+                local_endpoints: 2,
+                families: vec![IpFamily::V4],
+            }];
             h.updated(&[], &checks);
             let mut servers = ServiceHealthServers::new(Handle::current(), h, limits());
             let v4 = NodePorts::Addresses(vec![IpAddr::from([127, 0, 0, 1])]);
             let v6 = NodePorts::Addresses(Vec::new());
-            servers.sync(&checks, &v4, &v6);
+            servers.sync(&checks, &v4, &v6, &[]);
             assert_eq!(servers.ports(), vec![port]);
             let addr = SocketAddr::from(([127, 0, 0, 1], port));
             withstands_hostile_clients(addr, "/", limits()).await;
@@ -369,11 +404,39 @@ mod tests {
             assert!(response.to_ascii_lowercase().contains("x-load-balancing-endpoint-weight: 2"), "{response}");
             assert!(response.contains("\"localEndpoints\": 2"), "{response}");
             // The service goes: so does its server.
-            servers.sync(&[], &v4, &v6);
+            servers.sync(&[], &v4, &v6, &[]);
             assert!(servers.ports().is_empty());
             stops_listening(addr).await;
         })
         .await
+    }
+
+    /// Upstream's health-check servers run per family (one per proxier): a service's server
+    /// listens on its own families' node-port addresses, loopback ones included, or on the
+    /// family's wildcard when that family's NodePorts match all.
+    #[test]
+    fn health_check_servers_listen_on_their_families_addresses() {
+        let ips = |list: &[&str]| list.iter().map(|ip| ip.parse::<IpAddr>().unwrap()).collect::<Vec<_>>();
+        let v4 = NodePorts::Addresses(ips(&["192.168.50.2"]));
+        let v6 = NodePorts::Addresses(ips(&["fd00:50::2"]));
+        let loopback = ips(&["127.0.0.1", "::1"]);
+        let (only4, dual) = ([IpFamily::V4], [IpFamily::V4, IpFamily::V6]);
+        assert_eq!(listen_addresses(&only4, &v4, &v6, &[]), ips(&["192.168.50.2"]));
+        assert_eq!(listen_addresses(&dual, &v4, &v6, &[]), ips(&["192.168.50.2", "fd00:50::2"]));
+        assert_eq!(listen_addresses(&only4, &v4, &v6, &loopback), ips(&["127.0.0.1", "192.168.50.2"]));
+        let none = NodePorts::Addresses(Vec::new());
+        assert_eq!(listen_addresses(&[IpFamily::V6], &v4, &none, &loopback), ips(&["::1"]));
+        assert_eq!(listen_addresses(&only4, &NodePorts::MatchAll, &v6, &loopback), ips(&["0.0.0.0"]));
+        assert_eq!(listen_addresses(&dual, &v4, &NodePorts::MatchAll, &[]), ips(&["192.168.50.2", "::"]));
+    }
+
+    /// An IPv6 health-check server on `[::]` takes IPv6 only, so that a port held on an IPv4
+    /// address stays free for the IPv4 server of the same or another service.
+    #[test]
+    fn an_ipv6_wildcard_health_check_listener_leaves_ipv4_alone() {
+        let v6 = health_check_listener(SocketAddr::from((Ipv6Addr::UNSPECIFIED, 0))).expect("bind [::]");
+        let port = v6.local_addr().expect("address").port();
+        std::net::TcpListener::bind((Ipv4Addr::UNSPECIFIED, port)).expect("0.0.0.0 on the same port is free");
     }
 
     /// Waits until nothing listens on `addr` any more.
@@ -392,7 +455,12 @@ mod tests {
         bounded(async {
             let h = ProxyHealth::new(Duration::from_secs(60));
             let port = free_port();
-            let checks = [HealthCheck { service: NamespacedName::new("ns", "lb"), port, local_endpoints: 1 }];
+            let checks = [HealthCheck {
+                service: NamespacedName::new("ns", "lb"),
+                port,
+                local_endpoints: 1,
+                families: vec![IpFamily::V4],
+            }];
             h.updated(&[], &checks);
             let mut servers = ServiceHealthServers::new(Handle::current(), h, limits());
             let first = SocketAddr::from(([127, 0, 0, 1], port));
@@ -400,20 +468,20 @@ mod tests {
             let v6 = NodePorts::Addresses(Vec::new());
             let on = |addr: SocketAddr| NodePorts::Addresses(vec![addr.ip()]);
             let squatter = std::net::TcpListener::bind(first).expect("bind");
-            let failures = servers.sync(&checks, &on(first), &v6);
+            let failures = servers.sync(&checks, &on(first), &v6, &[]);
             assert!(servers.ports().is_empty(), "opened on a taken port");
             assert_eq!(failures.len(), 1, "{failures:?}");
             assert_eq!((failures[0].service.name.as_str(), failures[0].port), ("lb", port));
             // Both addresses wanted, one taken: the service's other server is closed too.
             let both = NodePorts::Addresses(vec![first.ip(), second.ip()]);
-            assert_eq!(servers.sync(&checks, &both, &v6).len(), 1);
+            assert_eq!(servers.sync(&checks, &both, &v6, &[]).len(), 1);
             assert!(servers.ports().is_empty(), "a half-open service");
             stops_listening(second).await;
             drop(squatter);
-            assert!(servers.sync(&checks, &on(first), &v6).is_empty());
+            assert!(servers.sync(&checks, &on(first), &v6, &[]).is_empty());
             assert_eq!(servers.ports(), vec![port], "not retried");
             assert!(get_path(first, "/").await.expect("answer").starts_with("HTTP/1.1 200"));
-            servers.sync(&checks, &on(second), &v6);
+            servers.sync(&checks, &on(second), &v6, &[]);
             stops_listening(first).await;
             assert!(get_path(second, "/").await.expect("answer").starts_with("HTTP/1.1 200"));
             drop(servers);
@@ -439,14 +507,20 @@ mod tests {
     fn service_health_follows_local_endpoints() {
         let h = ProxyHealth::new(Duration::from_secs(60));
         let svc = NamespacedName::new("ns", "lb");
-        h.updated(&[], &[HealthCheck { service: svc.clone(), port: 30000, local_endpoints: 2 }]);
+        h.updated(
+            &[],
+            &[HealthCheck { service: svc.clone(), port: 30000, local_endpoints: 2, families: vec![IpFamily::V4] }],
+        );
         let reply = service_handler(Arc::clone(&h), svc.clone())(&Asked::get("/anything", ""));
         assert_eq!(reply.status, StatusCode::OK);
         let body: serde_json::Value = serde_json::from_str(&reply.body).unwrap();
         assert_eq!(body["localEndpoints"], 2);
         assert_eq!(body["service"]["name"], "lb");
         assert_eq!(body["serviceProxyHealthy"], true);
-        h.updated(&[], &[HealthCheck { service: svc.clone(), port: 30000, local_endpoints: 0 }]);
+        h.updated(
+            &[],
+            &[HealthCheck { service: svc.clone(), port: 30000, local_endpoints: 0, families: vec![IpFamily::V4] }],
+        );
         assert_eq!(service_handler(Arc::clone(&h), svc)(&Asked::get("/", "")).status, StatusCode::SERVICE_UNAVAILABLE);
     }
 

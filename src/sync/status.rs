@@ -164,6 +164,7 @@ mod tests {
         let nodeports = Box::new(|_: &ProxyConfig, _: Option<&crate::model::NodeInfo>| NodePortTargets {
             v4: NodePorts::Addresses(vec!["192.168.50.2".parse().unwrap()]),
             v6: NodePorts::Addresses(vec![]),
+            loopback: Vec::new(),
         });
         Syncer::new(ProxyConfig::new("node1"), Box::new(FakeNetfilter::new()), nodeports)
     }

@@ -14,6 +14,7 @@ fn fixed_nodeports() -> NodePortResolver {
     Box::new(|_: &ProxyConfig, _: Option<&NodeInfo>| NodePortTargets {
         v4: NodePorts::Addresses(vec!["192.168.0.2".parse().unwrap()]),
         v6: NodePorts::Addresses(vec![]),
+        loopback: Vec::new(),
     })
 }
 

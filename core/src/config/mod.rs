@@ -87,8 +87,11 @@ pub struct NodePortAddresses {
     pub primary: bool,
     /// `all`: every local address of both families.
     pub all: bool,
-    /// `localhost` was given: upstream 1.35's nftables mode does not serve NodePorts on
-    /// loopback, and neither does nftproxy (it is logged and skipped).
+    /// `localhost` was given. As upstream, it stands for the ranges `127.0.0.0/8` and
+    /// `::1/128` (added to [`cidrs`](Self::cidrs)): NodePorts are never served on loopback (as
+    /// in upstream's nftables mode without its alpha gate `KubeProxyNFTablesLocalhostNodePorts`),
+    /// but a family so limited does not match all its addresses, and health-check node ports
+    /// listen on the loopback addresses.
     pub localhost: bool,
 }
 
@@ -236,11 +239,16 @@ pub fn parse_nodeport_addresses(
             "primary" => out.primary = true,
             "all" => out.all = true,
             "localhost" => {
+                // Upstream expands the keyword to these ranges before its proxiers see it.
                 out.localhost = true;
+                let loopback = [
+                    IpNet::new(IpAddr::from([127, 0, 0, 0]), 8),
+                    IpNet::new(IpAddr::from(std::net::Ipv6Addr::LOCALHOST), 128),
+                ];
+                out.cidrs.extend(loopback.into_iter().flatten());
                 warnings.push(format!(
-                    "{field}: {item:?}: localhost NodePorts are not supported (as in upstream's nftables mode); skipped"
+                    "{field}: {item:?}: NodePorts are not served on loopback addresses (as in upstream's nftables mode without the alpha gate KubeProxyNFTablesLocalhostNodePorts)"
                 ));
-                continue;
             }
             word if word.chars().all(|c| c.is_ascii_alphabetic() || c == '-' || c == '_') => {
                 warnings.push(format!(
@@ -255,7 +263,7 @@ pub fn parse_nodeport_addresses(
                 let loopback = [IpAddr::from([127, 0, 0, 1]), IpAddr::from(std::net::Ipv6Addr::LOCALHOST)];
                 if net.prefix_len() > 0 && loopback.iter().any(|ip| net.contains(ip)) {
                     warnings.push(format!(
-                        "{field}: {cidr:?} includes localhost but localhost NodePorts are not supported; loopback addresses are skipped"
+                        "{field}: {cidr:?} includes loopback addresses: NodePorts are not served on them (as in upstream's nftables mode)"
                     ));
                 }
                 out.cidrs.push(net.trunc());
@@ -315,9 +323,16 @@ mod tests {
         // Keywords in any combination with each other and with CIDRs (upstream after 1.35).
         let (np, _) = parse("primary, 10.0.0.0/8, all").unwrap();
         assert!(np.primary && np.all && np.cidrs.len() == 1);
-        // localhost: parsed, reported, not served.
+        // localhost: upstream's two loopback ranges, reported (NodePorts are not served there);
+        // alone, it is not the default.
         let (np, warnings) = parse("localhost,10.0.0.0/8").unwrap();
         assert!(np.localhost && !np.primary && warnings[0].contains("localhost"), "{warnings:?}");
+        assert_eq!(
+            np.cidrs.iter().map(|c| c.to_string()).collect::<Vec<_>>(),
+            ["127.0.0.0/8", "::1/128", "10.0.0.0/8"]
+        );
+        let (np, _) = parse("localhost").unwrap();
+        assert!(np.localhost && !np.primary && !np.all && np.cidrs.len() == 2, "{np:?}");
         // An unknown keyword is skipped alone, named with the field.
         let (np, warnings) = parse("10.0.0.0/8,nodeips").unwrap();
         assert_eq!(np.cidrs.len(), 1);

@@ -140,6 +140,9 @@ pub struct HealthCheck {
     pub service: NamespacedName,
     pub port: u16,
     pub local_endpoints: usize,
+    /// The service's families: its server listens on their node-port addresses only, as
+    /// upstream's per-family proxiers each serve their own family's services.
+    pub families: Vec<IpFamily>,
 }
 
 /// A UDP or SCTP service port in one family as the conntrack reconciler sees it (built in
@@ -365,7 +368,10 @@ fn health_check(state: &ClusterState, service: &ServiceInfo, node_name: &str) ->
         .filter(|e| e.ready && e.node_name.as_deref() == Some(node_name))
         .map(|e| e.ip)
         .collect();
-    Some(HealthCheck { service: service.name.clone(), port, local_endpoints: ips.len() })
+    let mut families: Vec<IpFamily> =
+        service.ports.first().map(|p| p.cluster_ips.iter().map(IpFamily::of).collect()).unwrap_or_default();
+    families.dedup();
+    Some(HealthCheck { service: service.name.clone(), port, local_endpoints: ips.len(), families })
 }
 
 /// IPv4 always; IPv6 when anything in the cluster or the configuration uses it (ServiceCIDRs

@@ -223,7 +223,12 @@ fn external_golden() {
     // Only Local-policy LoadBalancers get health checks; svc2 has no local endpoint.
     assert_eq!(
         p.health_checks,
-        vec![HealthCheck { service: NamespacedName::new("ns2", "svc2"), port: 30000, local_endpoints: 0 }]
+        vec![HealthCheck {
+            service: NamespacedName::new("ns2", "svc2"),
+            port: 30000,
+            local_endpoints: 0,
+            families: vec![IpFamily::V4]
+        }]
     );
     assert_eq!(p.stats.no_local_external, 1);
 }
