@@ -33,7 +33,7 @@ struct State {
     families: Vec<IpFamily>,
     oldest_pending: Option<Instant>,
     node_eligible: bool,
-    services: BTreeMap<NamespacedName, usize>,
+    services: BTreeMap<NamespacedName, BTreeMap<IpFamily, usize>>,
 }
 
 /// The proxy's health, shared by the sync loop and the servers.
@@ -86,7 +86,7 @@ impl ProxyHealth {
         s.last_updated = Some(SystemTime::now());
         s.families = families.to_vec();
         s.oldest_pending = None;
-        s.services = checks.iter().map(|c| (c.service.clone(), c.local_endpoints)).collect();
+        s.services = checks.iter().map(|c| (c.service.clone(), c.local_endpoints.clone())).collect();
     }
 
     /// A sync of `families` succeeded and the health-checked services are the same as after
@@ -110,9 +110,9 @@ impl ProxyHealth {
         Status { healthy, node_eligible: s.node_eligible, last_updated: s.last_updated, families: s.families.clone() }
     }
 
-    /// Local ready endpoints of a health-checked service, if it is one.
-    pub(crate) fn local_endpoints(&self, service: &NamespacedName) -> Option<usize> {
-        self.lock().services.get(service).copied()
+    /// Local ready endpoints in `family` of a health-checked service, if it is one.
+    pub(crate) fn local_endpoints(&self, service: &NamespacedName, family: IpFamily) -> Option<usize> {
+        self.lock().services.get(service).map(|counts| counts.get(&family).copied().unwrap_or(0))
     }
 }
 
@@ -193,10 +193,11 @@ pub(crate) fn proxier_handler(health: Arc<ProxyHealth>, metrics: Arc<Metrics>) -
     })
 }
 
-/// The handler of one service's health-check port.
-pub(crate) fn service_handler(health: Arc<ProxyHealth>, service: NamespacedName) -> Handler {
+/// The handler of one service's health-check port on an address of `family`: it reports that
+/// family's local endpoints, as upstream's server of that family's proxier does.
+pub(crate) fn service_handler(health: Arc<ProxyHealth>, service: NamespacedName, family: IpFamily) -> Handler {
     Arc::new(move |_| {
-        let count = health.local_endpoints(&service).unwrap_or(0);
+        let count = health.local_endpoints(&service, family).unwrap_or(0);
         let healthy = health.status(Instant::now()).healthy;
         let body = serde_json::to_string_pretty(&serde_json::json!({
             "service": {"namespace": service.namespace, "name": service.name},
@@ -281,7 +282,7 @@ impl ServiceHealthServers {
                 if servers.contains_key(ip) {
                     continue;
                 }
-                let handler = service_handler(Arc::clone(&self.health), service.clone());
+                let handler = service_handler(Arc::clone(&self.health), service.clone(), IpFamily::of(ip));
                 let addr = SocketAddr::new(*ip, port);
                 match health_check_listener(addr).and_then(|l| start_on(&self.rt, l, handler, self.limits)) {
                     Ok(stop) => {
@@ -389,7 +390,7 @@ mod tests {
             let checks = [HealthCheck {
                 service: NamespacedName::new("ns", "lb"),
                 port,
-                local_endpoints: 2,
+                local_endpoints: [(IpFamily::V4, 2)].into(),
                 families: vec![IpFamily::V4],
             }];
             h.updated(&[], &checks);
@@ -458,7 +459,7 @@ mod tests {
             let checks = [HealthCheck {
                 service: NamespacedName::new("ns", "lb"),
                 port,
-                local_endpoints: 1,
+                local_endpoints: [(IpFamily::V4, 1)].into(),
                 families: vec![IpFamily::V4],
             }];
             h.updated(&[], &checks);
@@ -507,21 +508,31 @@ mod tests {
     fn service_health_follows_local_endpoints() {
         let h = ProxyHealth::new(Duration::from_secs(60));
         let svc = NamespacedName::new("ns", "lb");
-        h.updated(
-            &[],
-            &[HealthCheck { service: svc.clone(), port: 30000, local_endpoints: 2, families: vec![IpFamily::V4] }],
-        );
-        let reply = service_handler(Arc::clone(&h), svc.clone())(&Asked::get("/anything", ""));
+        let check = |counts: &[(IpFamily, usize)], families: Vec<IpFamily>| HealthCheck {
+            service: svc.clone(),
+            port: 30000,
+            local_endpoints: counts.iter().copied().collect(),
+            families,
+        };
+        h.updated(&[], &[check(&[(IpFamily::V4, 2)], vec![IpFamily::V4])]);
+        let reply = service_handler(Arc::clone(&h), svc.clone(), IpFamily::V4)(&Asked::get("/anything", ""));
         assert_eq!(reply.status, StatusCode::OK);
         let body: serde_json::Value = serde_json::from_str(&reply.body).unwrap();
         assert_eq!(body["localEndpoints"], 2);
         assert_eq!(body["service"]["name"], "lb");
         assert_eq!(body["serviceProxyHealthy"], true);
-        h.updated(
-            &[],
-            &[HealthCheck { service: svc.clone(), port: 30000, local_endpoints: 0, families: vec![IpFamily::V4] }],
-        );
-        assert_eq!(service_handler(Arc::clone(&h), svc)(&Asked::get("/", "")).status, StatusCode::SERVICE_UNAVAILABLE);
+        h.updated(&[], &[check(&[(IpFamily::V4, 0)], vec![IpFamily::V4])]);
+        let reply = service_handler(Arc::clone(&h), svc.clone(), IpFamily::V4)(&Asked::get("/", ""));
+        assert_eq!(reply.status, StatusCode::SERVICE_UNAVAILABLE);
+        // Dual-stack with local pods in IPv4 only: each family's server reports its own count,
+        // as upstream's per-family proxiers do.
+        h.updated(&[], &[check(&[(IpFamily::V4, 1), (IpFamily::V6, 0)], vec![IpFamily::V4, IpFamily::V6])]);
+        let v4 = service_handler(Arc::clone(&h), svc.clone(), IpFamily::V4)(&Asked::get("/", ""));
+        let v6 = service_handler(Arc::clone(&h), svc, IpFamily::V6)(&Asked::get("/", ""));
+        assert_eq!((v4.status, v6.status), (StatusCode::OK, StatusCode::SERVICE_UNAVAILABLE));
+        let count =
+            |reply: &Reply| serde_json::from_str::<serde_json::Value>(&reply.body).unwrap()["localEndpoints"].clone();
+        assert_eq!((count(&v4), count(&v6)), (serde_json::json!(1), serde_json::json!(0)));
     }
 
     #[test]

@@ -238,7 +238,7 @@ fn health_checks_are_shared_until_one_changes_and_totals_follow_partial_syncs() 
     reset(&mut index, &web_with(&["10.0.1.1"], local));
     let first = sync(&mut syncer, &mut index, SyncReason::Startup, true);
     assert_eq!(first.health_checks.len(), 1);
-    assert_eq!(first.health_checks[0].local_endpoints, 1);
+    assert_eq!(first.health_checks[0].local_endpoints_in(IpFamily::V4), 1);
 
     // An endpoint on another node: the local count, hence the check, stays the same.
     let remote = web_with(&["10.0.1.1"], local)
@@ -253,7 +253,7 @@ fn health_checks_are_shared_until_one_changes_and_totals_follow_partial_syncs() 
     reset(&mut index, &web_with(&["10.0.1.1", "10.0.1.2"], local));
     let changed = sync(&mut syncer, &mut index, SyncReason::Changes, false);
     assert!(!Arc::ptr_eq(&same.health_checks, &changed.health_checks));
-    assert_eq!(changed.health_checks[0].local_endpoints, 2);
+    assert_eq!(changed.health_checks[0].local_endpoints_in(IpFamily::V4), 2);
     assert_eq!(changed.stats, syncer.programmed.as_ref().map(|p| p.recount()).unwrap());
 
     // The service gone: no checks, and totals of nothing.

@@ -139,10 +139,19 @@ impl PlanStats {
 pub struct HealthCheck {
     pub service: NamespacedName,
     pub port: u16,
-    pub local_endpoints: usize,
+    /// Local ready endpoints per family of the service: each family's server reports its own
+    /// family's count, as each of upstream's per-family proxiers does.
+    pub local_endpoints: BTreeMap<IpFamily, usize>,
     /// The service's families: its server listens on their node-port addresses only, as
     /// upstream's per-family proxiers each serve their own family's services.
     pub families: Vec<IpFamily>,
+}
+
+impl HealthCheck {
+    /// Local ready endpoints in `family` (0 for a family the service does not have).
+    pub fn local_endpoints_in(&self, family: IpFamily) -> usize {
+        self.local_endpoints.get(&family).copied().unwrap_or(0)
+    }
 }
 
 /// A UDP or SCTP service port in one family as the conntrack reconciler sees it (built in
@@ -360,18 +369,26 @@ pub fn order_sets(table: &mut Table) {
 /// should fail the check.
 fn health_check(state: &ClusterState, service: &ServiceInfo, node_name: &str) -> Option<HealthCheck> {
     let port = service.ports.iter().find_map(|p| p.health_check_node_port)?;
-    let family = service.ports.first().and_then(|p| p.cluster_ips.first()).map(IpFamily::of)?;
-    let ips: BTreeSet<IpAddr> = service
-        .ports
-        .iter()
-        .flat_map(|sp| state.endpoints(&sp.name, family))
-        .filter(|e| e.ready && e.node_name.as_deref() == Some(node_name))
-        .map(|e| e.ip)
-        .collect();
     let mut families: Vec<IpFamily> =
         service.ports.first().map(|p| p.cluster_ips.iter().map(IpFamily::of).collect()).unwrap_or_default();
     families.dedup();
-    Some(HealthCheck { service: service.name.clone(), port, local_endpoints: ips.len(), families })
+    if families.is_empty() {
+        return None;
+    }
+    let local_endpoints = families
+        .iter()
+        .map(|&family| {
+            let ips: BTreeSet<IpAddr> = service
+                .ports
+                .iter()
+                .flat_map(|sp| state.endpoints(&sp.name, family))
+                .filter(|e| e.ready && e.node_name.as_deref() == Some(node_name))
+                .map(|e| e.ip)
+                .collect();
+            (family, ips.len())
+        })
+        .collect();
+    Some(HealthCheck { service: service.name.clone(), port, local_endpoints, families })
 }
 
 /// IPv4 always; IPv6 when anything in the cluster or the configuration uses it (ServiceCIDRs

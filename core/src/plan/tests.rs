@@ -226,7 +226,7 @@ fn external_golden() {
         vec![HealthCheck {
             service: NamespacedName::new("ns2", "svc2"),
             port: 30000,
-            local_endpoints: 0,
+            local_endpoints: [(IpFamily::V4, 0)].into(),
             families: vec![IpFamily::V4]
         }]
     );
@@ -481,4 +481,43 @@ endpoints:
     assert!(table.sets["balanced-local-nodeports"].elements.contains_key(node_port.as_slice()));
     kernel::apply(&mut WireRuleset::default(), &diff(&WireRuleset::default(), &lower_ruleset(&ruleset)))
         .unwrap_or_else(|e| panic!("kernel refused the plan: {e:?}\n{text}"));
+}
+
+/// A dual-stack Local LoadBalancer whose local pod has an IPv4 address only: each family's
+/// health check counts its own family's local endpoints (upstream: one server per proxier).
+#[test]
+fn health_checks_count_local_endpoints_per_family() {
+    let yaml = r#"
+apiVersion: v1
+kind: Service
+metadata: {name: lb, namespace: ns}
+spec:
+  type: LoadBalancer
+  externalTrafficPolicy: Local
+  healthCheckNodePort: 32100
+  ipFamilies: [IPv4, IPv6]
+  clusterIPs: [172.30.0.50, "fd00:172:30::50"]
+  ports: [{name: http, port: 80, protocol: TCP, nodePort: 30080}]
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {name: lb-v4, namespace: ns, labels: {kubernetes.io/service-name: lb}}
+addressType: IPv4
+ports: [{name: http, port: 8080, protocol: TCP}]
+endpoints:
+- {addresses: ["10.180.0.1"], nodeName: node1}
+- {addresses: ["10.180.0.2"], nodeName: node2}
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {name: lb-v6, namespace: ns, labels: {kubernetes.io/service-name: lb}}
+addressType: IPv6
+ports: [{name: http, port: 8080, protocol: TCP}]
+endpoints:
+- {addresses: ["fd00:10:180::2"], nodeName: node2}
+"#;
+    let p = plan_with(&config(), &state(yaml));
+    let [check] = p.health_checks.as_slice() else { panic!("{:?}", p.health_checks) };
+    assert_eq!(check.families, vec![IpFamily::V4, IpFamily::V6]);
+    assert_eq!((check.local_endpoints_in(IpFamily::V4), check.local_endpoints_in(IpFamily::V6)), (1, 0));
 }
