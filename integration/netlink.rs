@@ -405,7 +405,7 @@ fn a_ruleset_of_the_previous_shape_converges_without_re_creating_the_table() {
     let ns = Netns::create("upgrade").unwrap();
     let old = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("integration/fixtures/external-9507716.nft");
     ns.exec("nft", &["-f", old.to_str().unwrap()]).unwrap();
-    let one_shot = || one_shot_sync("10.0.0.0/8", include_str!("../nft-templates/external.yaml"));
+    let one_shot = || one_shot_sync("10.0.0.0/8", include_str!("../nft-templates/external/input.yaml"));
     let (first, transaction, planned) = ns.run(one_shot).unwrap();
     let ops = transaction.summary();
     assert!(!ops.iter().any(|o| o.starts_with("delete table")), "{ops:#?}");
@@ -523,6 +523,8 @@ fn a_rejected_element_is_traced_to_its_owner() {
     assert!(err.to_string().contains("add element ip nftproxy service-ips"), "{err}");
 }
 
+/// Every golden scenario's `expected.nft` (`nft-templates/NAME/`) loads in nft and lists as
+/// written.
 #[test]
 fn golden_rulesets_load_in_nft_and_list_identically() {
     if skip_unless_privileged() {
@@ -531,8 +533,8 @@ fn golden_rulesets_load_in_nft_and_list_identically() {
     let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("nft-templates");
     let mut checked = 0;
     for entry in std::fs::read_dir(&dir).unwrap() {
-        let path = entry.unwrap().path();
-        if path.extension().and_then(|e| e.to_str()) != Some("nft") {
+        let path = entry.unwrap().path().join("expected.nft");
+        if !path.exists() {
             continue;
         }
         let ns = Netns::create("golden").unwrap();
@@ -541,7 +543,7 @@ fn golden_rulesets_load_in_nft_and_list_identically() {
         assert_eq!(canonicalize(&ruleset_of(&ns)), canonicalize(&golden), "{}", path.display());
         checked += 1;
     }
-    assert!(checked >= 1);
+    assert!(checked >= 5, "{checked} scenarios in {}", dir.display());
 }
 
 #[test]
