@@ -94,6 +94,23 @@ fn every_shape(family: IpFamily) -> Table {
     targets
         .insert(vec![Value::Index(2_097_154)], Element::values(vec![Value::Addr(ep2), Value::Port(53)], own.clone()));
     t.add_set(targets);
+    // The balancing maps for three endpoints (a service address) and two (a node port): their
+    // typeof carries the count as the rule's `numgen random mod N`.
+    let mut by_index = Set::new("service-endpoints-3", SetShape::ServiceEndpoints(family, 3), infra());
+    for (i, ep) in [ep1, ep2, ep1].into_iter().enumerate() {
+        let key = vec![Value::Addr(svc), Value::Proto(L4Proto::Tcp), Value::Port(80), Value::Index(i as u32)];
+        by_index.insert(
+            key,
+            Element::values(vec![Value::Addr(ep), Value::Port(8080)], own.clone()).with_comment("ns1/svc1:p80"),
+        );
+    }
+    t.add_set(by_index);
+    let mut nodeport_by_index = Set::new("nodeport-endpoints-2", SetShape::NodeportEndpoints(family, 2), infra());
+    for (i, ep) in [ep1, ep2].into_iter().enumerate() {
+        let key = vec![Value::Proto(L4Proto::Udp), Value::Port(30053), Value::Index(i as u32)];
+        nodeport_by_index.insert(key, Element::values(vec![Value::Addr(ep), Value::Port(53)], own.clone()));
+    }
+    t.add_set(nodeport_by_index);
     let mut aff = Set::new("affinity-1", SetShape::AffinityClients(family), own.clone());
     aff.timeout_secs = Some(10800);
     t.add_set(aff);
@@ -294,6 +311,15 @@ fn every_shape_round_trips_through_the_kernel() {
     other.exec("nft", &["-f", path.to_str().unwrap()]).unwrap();
     std::fs::remove_file(&path).ok();
     assert_eq!(canonicalize(&ruleset_of(&other)), canonicalize(&rendered));
+    // And byte for byte: every set nft declared reads back as we declare it (its `typeof`
+    // userdata included).
+    let nfts = other.run(|| Kernel::open().unwrap().read(&names).unwrap()).unwrap();
+    for (table, ours) in nfts.tables.iter().zip(&wire.tables) {
+        for (name, set) in &ours.sets {
+            let theirs = table.sets.get(name).map(|s| &s.spec);
+            assert_eq!(theirs, Some(&set.spec), "{} {name}", table.family);
+        }
+    }
 }
 
 /// Service default/web (TCP http and UDP echo-udp, three endpoints) and one without endpoints.

@@ -8,7 +8,6 @@ use crate::nft::diff::{Transaction, diff};
 use crate::nft::kernel;
 use crate::nft::lower::lower_ruleset;
 use crate::nft::wire::WireRuleset;
-use crate::plan::objects::BalanceMap;
 use crate::plan::placement::Placement;
 
 fn wire(plan: &Plan) -> WireRuleset {
@@ -135,39 +134,28 @@ fn big_service(n: u32) -> String {
     )
 }
 
+/// A count's map and its rule exist while some port has that many endpoints: the first port
+/// to reach a count creates them, after the map and before the maps it leaves go (the rule
+/// names the map); the last to leave it deletes them.
 #[test]
-fn adding_an_endpoint_moves_the_port_to_the_map_for_its_new_count() {
-    let before = plan_with(&config(), &state(CLUSTERIP));
-    // svc2:dns-udp goes from two endpoints to three: element operations only (the kernel
-    // commits element changes in a data map or a plain set without validating the table).
-    let more = CLUSTERIP.replace(
-        "ports: [{name: http, port: 8080, protocol: TCP}]\nendpoints:\n- {addresses: [\"10.180.4.1\"], nodeName: node4}",
-        "ports: [{name: http, port: 8080, protocol: TCP}, {name: dns-udp, port: 53, protocol: UDP}]\nendpoints:\n- {addresses: [\"10.180.4.1\"], nodeName: node4}",
-    );
-    let tx = transition(&before, &plan_with(&config(), &state(&more)));
-    assert_eq!(
-        summary(&tx),
-        vec![
-            "delete element ip nftproxy service-endpoints-2 (2 elements)",
-            "add element ip nftproxy service-endpoints-3 (3 elements)",
-        ]
-    );
-    // Past the preset counts a map exists while some port uses it, with its rule.
-    let n = BalanceMap::PRESET;
-    let (preset, beyond) =
-        (plan_with(&config(), &state(&big_service(n))), plan_with(&config(), &state(&big_service(n + 1))));
-    let s = summary(&transition(&preset, &beyond));
+fn a_count_s_map_and_rule_exist_while_a_port_has_that_many_endpoints() {
+    let (five, six) = (plan_with(&config(), &state(&big_service(5))), plan_with(&config(), &state(&big_service(6))));
+    let s = summary(&transition(&five, &six));
     for op in [
-        format!("add set ip nftproxy service-endpoints-{}", n + 1),
-        format!("add element ip nftproxy service-endpoints-{} ({} elements)", n + 1, n + 1),
-        format!("delete element ip nftproxy service-endpoints-{n} ({n} elements)"),
-        "flush chain ip nftproxy balance-service".to_string(),
+        "add set ip nftproxy service-endpoints-6",
+        "add element ip nftproxy service-endpoints-6 (6 elements)",
+        "flush chain ip nftproxy balance-service",
+        "add rule ip nftproxy balance-service",
+        "delete set ip nftproxy service-endpoints-5",
     ] {
-        assert!(s.contains(&op), "{op} missing: {s:#?}");
+        assert!(s.iter().any(|l| l == op), "{op} missing: {s:#?}");
     }
-    let s = summary(&transition(&beyond, &preset));
-    assert!(s.contains(&format!("delete set ip nftproxy service-endpoints-{}", n + 1)), "{s:#?}");
-    assert!(!s.iter().any(|l| l.contains(" chain ") && !l.ends_with("balance-service")), "{s:#?}");
+    let position = |op: &str| s.iter().position(|l| l == op);
+    assert!(position("add set ip nftproxy service-endpoints-6") < position("add rule ip nftproxy balance-service"));
+    assert!(position("add rule ip nftproxy balance-service") < position("delete set ip nftproxy service-endpoints-5"));
+    let text = six.ruleset.to_string();
+    assert_eq!(text.matches("map @service-endpoints-").count(), 1, "one count in use, one rule:\n{text}");
+    assert!(text.contains("typeof ip daddr . meta l4proto . th dport . numgen random mod 6 : ip daddr . th dport"));
 }
 
 #[test]
