@@ -94,6 +94,23 @@ fn every_shape(family: IpFamily) -> Table {
     targets
         .insert(vec![Value::Index(2_097_154)], Element::values(vec![Value::Addr(ep2), Value::Port(53)], own.clone()));
     t.add_set(targets);
+    // The balancing maps for three endpoints (a service address) and two (a node port): their
+    // typeof carries the count as the rule's `numgen random mod N`.
+    let mut by_index = Set::new("service-endpoints-3", SetShape::ServiceEndpoints(family, 3), infra());
+    for (i, ep) in [ep1, ep2, ep1].into_iter().enumerate() {
+        let key = vec![Value::Addr(svc), Value::Proto(L4Proto::Tcp), Value::Port(80), Value::Index(i as u32)];
+        by_index.insert(
+            key,
+            Element::values(vec![Value::Addr(ep), Value::Port(8080)], own.clone()).with_comment("ns1/svc1:p80"),
+        );
+    }
+    t.add_set(by_index);
+    let mut nodeport_by_index = Set::new("nodeport-endpoints-2", SetShape::NodeportEndpoints(family, 2), infra());
+    for (i, ep) in [ep1, ep2].into_iter().enumerate() {
+        let key = vec![Value::Proto(L4Proto::Udp), Value::Port(30053), Value::Index(i as u32)];
+        nodeport_by_index.insert(key, Element::values(vec![Value::Addr(ep), Value::Port(53)], own.clone()));
+    }
+    t.add_set(nodeport_by_index);
     let mut aff = Set::new("affinity-1", SetShape::AffinityClients(family), own.clone());
     aff.timeout_secs = Some(10800);
     t.add_set(aff);
@@ -294,6 +311,15 @@ fn every_shape_round_trips_through_the_kernel() {
     other.exec("nft", &["-f", path.to_str().unwrap()]).unwrap();
     std::fs::remove_file(&path).ok();
     assert_eq!(canonicalize(&ruleset_of(&other)), canonicalize(&rendered));
+    // And byte for byte: every set nft declared reads back as we declare it (its `typeof`
+    // userdata included).
+    let nfts = other.run(|| Kernel::open().unwrap().read(&names).unwrap()).unwrap();
+    for (table, ours) in nfts.tables.iter().zip(&wire.tables) {
+        for (name, set) in &ours.sets {
+            let theirs = table.sets.get(name).map(|s| &s.spec);
+            assert_eq!(theirs, Some(&set.spec), "{} {name}", table.family);
+        }
+    }
 }
 
 /// Service default/web (TCP http and UDP echo-udp, three endpoints) and one without endpoints.
@@ -405,7 +431,7 @@ fn a_ruleset_of_the_previous_shape_converges_without_re_creating_the_table() {
     let ns = Netns::create("upgrade").unwrap();
     let old = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("integration/fixtures/external-9507716.nft");
     ns.exec("nft", &["-f", old.to_str().unwrap()]).unwrap();
-    let one_shot = || one_shot_sync("10.0.0.0/8", include_str!("../nft-templates/external.yaml"));
+    let one_shot = || one_shot_sync("10.0.0.0/8", include_str!("../nft-templates/external/input.yaml"));
     let (first, transaction, planned) = ns.run(one_shot).unwrap();
     let ops = transaction.summary();
     assert!(!ops.iter().any(|o| o.starts_with("delete table")), "{ops:#?}");
@@ -523,6 +549,8 @@ fn a_rejected_element_is_traced_to_its_owner() {
     assert!(err.to_string().contains("add element ip nftproxy service-ips"), "{err}");
 }
 
+/// Every golden scenario's `expected.nft` (`nft-templates/NAME/`) loads in nft and lists as
+/// written.
 #[test]
 fn golden_rulesets_load_in_nft_and_list_identically() {
     if skip_unless_privileged() {
@@ -531,8 +559,8 @@ fn golden_rulesets_load_in_nft_and_list_identically() {
     let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("nft-templates");
     let mut checked = 0;
     for entry in std::fs::read_dir(&dir).unwrap() {
-        let path = entry.unwrap().path();
-        if path.extension().and_then(|e| e.to_str()) != Some("nft") {
+        let path = entry.unwrap().path().join("expected.nft");
+        if !path.exists() {
             continue;
         }
         let ns = Netns::create("golden").unwrap();
@@ -541,7 +569,7 @@ fn golden_rulesets_load_in_nft_and_list_identically() {
         assert_eq!(canonicalize(&ruleset_of(&ns)), canonicalize(&golden), "{}", path.display());
         checked += 1;
     }
-    assert!(checked >= 1);
+    assert!(checked >= 5, "{checked} scenarios in {}", dir.display());
 }
 
 #[test]

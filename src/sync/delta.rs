@@ -261,6 +261,17 @@ impl Delta {
         self.up_front.extend(maps);
     }
 
+    /// Keeps these shared sets whether or not a service writes into them (the balancing maps
+    /// emptied earlier), created with the endpoint maps added up front if the kernel lacks them.
+    pub(super) fn keep(&mut self, sets: &[(IpFamily, SharedSet)]) {
+        for &(family, set) in sets {
+            if let Some(fd) = self.families.get_mut(family) {
+                fd.kept.insert(set);
+                self.up_front.push((family, set));
+            }
+        }
+    }
+
     fn template(&mut self, family: IpFamily, set: SharedSet) -> &WireSet {
         self.templates.entry((family, set)).or_insert_with(|| empty_shared_set(set, family))
     }
@@ -356,6 +367,27 @@ impl Delta {
             for (id, set) in wanted_shared {
                 if id.on_demand() {
                     fd.kept.insert(id);
+                }
+                // A balancing map of an earlier shape (its typeof): the rules naming it are
+                // flushed with their chain (`finish` writes them again), and it is deleted, then
+                // created again by `diff_table` with this service's elements, the first it holds.
+                let replaced = match (fd.have.shared.get(&id), id) {
+                    (Some(from), SharedSet::Balance(map, _)) if from.spec != set.spec => Some(map),
+                    _ => None,
+                };
+                if let Some(map) = replaced {
+                    fd.have.shared.remove(&id);
+                    let op =
+                        |kind: OpKind| Op { family, table: fd.table.clone(), kind, owner: Owner::infrastructure() };
+                    if let Some((chain, rules)) = fd.balance_rules.iter_mut().find(|(n, _)| n == map.chain())
+                        && !rules.is_empty()
+                    {
+                        rules.clear();
+                        sink.push(op(OpKind::FlushChain { chain: chain.clone() }));
+                    }
+                    sink.push(op(OpKind::DeleteSet { set: set.name.clone() }));
+                    want.sets.insert(set.name.clone(), set);
+                    continue;
                 }
                 match fd.have.shared.get_mut(&id) {
                     Some(from) if from.spec != set.spec => {

@@ -534,6 +534,10 @@ impl Syncer {
         // programmed nothing yet (a start, or after a failure), where the kernel has them, so a
         // restart changes nothing that did not change.
         let placed_here = self.programmed.is_some();
+        // The balancing maps this process emptied stay, as partial syncs keep them; a process
+        // that has programmed nothing yet plans them from nothing (it deletes the empty ones).
+        let emptied: Vec<(IpFamily, SharedSet)> =
+            self.programmed.as_ref().map(|p| p.emptied().collect()).unwrap_or_default();
         self.programmed = None;
         self.generation = None;
         let mut read = Duration::ZERO;
@@ -570,7 +574,9 @@ impl Syncer {
             if delta.creates_tables() {
                 delta.add_up_front(placement.maps());
             }
+            delta.keep(&emptied);
             let mut programmed = Programmed::new(infrastructure);
+            programmed.keep_emptied(&emptied);
             // Only for tables the transaction keeps: one it creates (at a cold start, a rebuild,
             // or because the diff re-creates it) starts its sets empty.
             let flushes: Vec<SlotFlush> = flushes.into_iter().filter(|f| !delta.creates_table(f.family)).collect();
@@ -686,8 +692,9 @@ impl Syncer {
         Ok((apply, planned, ConntrackUpdate::Changed { before, after }))
     }
 
-    /// The whole ruleset planned from scratch for `state`, with endpoint windows where they are:
-    /// what the kernel holds after a successful sync, partial or full (tests compare the two).
+    /// The whole ruleset planned from scratch for `state`, with endpoint windows where they are
+    /// and the emptied balancing maps kept since the last full sync: what the kernel holds
+    /// after a successful sync, partial or full (tests compare the two).
     pub fn desired(&mut self, state: &ClusterState) -> WireRuleset {
         let mut desired = lower_ruleset(&self.planned(state));
         for table in &mut desired.tables {
@@ -703,13 +710,20 @@ impl Syncer {
     }
 
     /// The whole ruleset planned from `state` with the programmed node-port addresses and
-    /// endpoint windows, leaving out the services the kernel refused.
+    /// endpoint windows, leaving out the services the kernel refused, with the balancing maps
+    /// kept after their last element (until the next full sync).
     fn planned(&mut self, state: &ClusterState) -> crate::nft::ast::Ruleset {
         let targets = self.targets.clone().unwrap_or_else(|| (self.nodeports)(&self.config, state.node()));
         let state = plannable(state, &self.excluded);
         let input =
             PlanInput { config: &self.config, state: &state, nodeports_v4: &targets.v4, nodeports_v6: &targets.v6 };
-        plan::plan_placed(&input, &self.placement).ruleset
+        let mut ruleset = plan::plan_placed(&input, &self.placement).ruleset;
+        if let Some(programmed) = &self.programmed {
+            for table in &mut ruleset.tables {
+                plan::keep_balance_maps(table, programmed.emptied_maps(table.family));
+            }
+        }
+        ruleset
     }
 }
 

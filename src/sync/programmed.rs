@@ -142,8 +142,9 @@ pub(super) struct Programmed {
     /// How many services claim each `hairpin-endpoints` key, by its address (one per endpoint):
     /// a pod behind two services is legitimate, and the element is the same whoever claims it.
     hairpins: HairpinCounts,
-    /// Claimed elements per set created on demand (endpoint and balancing maps): a map exists
-    /// while it holds any.
+    /// Claimed elements per set created on demand (endpoint and balancing maps): an endpoint
+    /// map exists while it holds any; a balancing map from the first element it holds while
+    /// this process runs (an entry at zero: emptied, kept).
     maps: HashMap<(IpFamily, SharedSet), usize>,
     /// The sum of the services' counts, kept as services come and go (a sync reports it, and
     /// summing 44,000 services per sync would cost more than the sync).
@@ -275,6 +276,24 @@ impl Programmed {
             .collect()
     }
 
+    /// The balancing maps kept in a family after their last element went (see `maps`).
+    pub(super) fn emptied_maps(&self, family: IpFamily) -> impl Iterator<Item = SharedSet> + '_ {
+        self.emptied().filter(move |(f, _)| *f == family).map(|(_, set)| set)
+    }
+
+    /// The balancing maps kept after their last element went, in every family.
+    pub(super) fn emptied(&self) -> impl Iterator<Item = (IpFamily, SharedSet)> + '_ {
+        self.maps.iter().filter(|(_, n)| **n == 0).map(|(id, _)| *id)
+    }
+
+    /// Keeps these balancing maps (emptied before a full sync that records everything again)
+    /// whether or not a service writes into them.
+    pub(super) fn keep_emptied(&mut self, maps: &[(IpFamily, SharedSet)]) {
+        for id in maps {
+            self.maps.entry(*id).or_insert(0);
+        }
+    }
+
     fn count_claims(&mut self, name: &NamespacedName, fragments: &Fragments, delta: i64) {
         // One copy of the name for every key this service claims (removals need none).
         let shared = (delta > 0).then(|| Arc::new(name.clone()));
@@ -286,7 +305,11 @@ impl Programmed {
                     let entry = self.maps.entry((family, *set)).or_insert(0);
                     let n = i64::try_from(*entry).unwrap_or(i64::MAX) + delta * elements.len() as i64;
                     *entry = usize::try_from(n.max(0)).unwrap_or(0);
-                    if *entry == 0 {
+                    // A balancing map outlives its last element, with its rule: a count that
+                    // comes back (an endpoint added, then removed again) is elements again
+                    // rather than a new map and rule, after which the kernel validates the
+                    // whole table. A new process plans from nothing and deletes the empty ones.
+                    if *entry == 0 && !matches!(set, SharedSet::Balance(..)) {
                         self.maps.remove(&(family, *set));
                     }
                 }

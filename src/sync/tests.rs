@@ -5,6 +5,7 @@ use super::*;
 use crate::index::{Change, ClusterIndex, Update};
 use crate::netlink::{FakeNetfilter, SharedFake};
 use crate::nft::ast::{Chain, Element, Owner, Rule, Ruleset, Set, SetShape, Stmt, Table, Value};
+use crate::nft::lower::lower_set;
 use crate::nft::wire::WireElement;
 use crate::plan::NodePorts;
 use crate::plan::objects::BalanceMap;
@@ -52,18 +53,16 @@ fn reset(index: &mut ClusterIndex, yaml: &str) {
 
 #[test]
 fn a_partial_sync_creates_an_endpoint_map_before_the_rule_that_names_it() {
-    let ips: Vec<String> = (1..=BalanceMap::PRESET + 1).map(|i| format!("10.0.1.{i}")).collect();
-    let ips: Vec<&str> = ips.iter().map(String::as_str).collect();
-    let (preset, beyond) = (&ips[..ips.len() - 1], &ips[..]);
-    let first_beyond = format!("service-endpoints-{}", BalanceMap::PRESET + 1);
-    // A balanced port past the preset counts, then one with session affinity getting its first
-    // endpoint (which balances over a window of a shared map, beside its slot maps).
+    let ips = ["10.0.1.1", "10.0.1.2", "10.0.1.3"];
+    // A balanced port reaching a count no port had (its map and rule are created), then one
+    // with session affinity getting its first endpoint (which balances over a window of a
+    // shared map, beside its slot maps).
     for (extra, before, after, map) in [
-        ("", preset, beyond, first_beyond.as_str()),
+        ("", &ips[..2], &ips[..], "service-endpoints-3"),
         (", sessionAffinity: ClientIP", &ips[..0], &ips[..1], "affinity-endpoints-0"),
     ] {
+        let (kernel, mut syncer) = shared_syncer(true);
         let mut index = ClusterIndex::new();
-        let mut syncer = Syncer::new(config(), Box::new(FakeNetfilter::new()), fixed_nodeports());
         reset(&mut index, &web_with(before, extra));
         let first = sync(&mut syncer, &mut index, SyncReason::Startup, true);
         assert!(first.report.full);
@@ -73,10 +72,35 @@ fn a_partial_sync_creates_an_endpoint_map_before_the_rule_that_names_it() {
         let second = sync(&mut syncer, &mut index, SyncReason::Changes, false);
         assert!(!second.report.full);
         assert!(syncer.render(index.state()).contains(&format!("map @{map}")), "{extra}");
-        // And back: the map goes with its last element, after the rule naming it.
+        // And back. An affinity port's map goes with its last element, after the rule naming
+        // it; a balancing map stays, empty, with its rule, while this process runs.
         reset(&mut index, &web_with(before, extra));
         sync(&mut syncer, &mut index, SyncReason::Changes, false);
+        assert!(diff(&kernel.lock().state, &syncer.desired(index.state())).is_empty(), "{extra}");
+        let balancing = map.starts_with("service-endpoints-");
+        assert_eq!(syncer.render(index.state()).contains(&format!("map @{map}")), balancing, "{extra}");
+        if balancing {
+            // The count comes back: elements only.
+            reset(&mut index, &web_with(after, extra));
+            sync(&mut syncer, &mut index, SyncReason::Changes, false);
+            let ops = kernel.lock().applied.last().unwrap().summary();
+            assert!(ops.iter().all(|o| o.contains(" element ")), "{ops:#?}");
+            reset(&mut index, &web_with(before, extra));
+            sync(&mut syncer, &mut index, SyncReason::Changes, false);
+            // Full syncs keep it too: deleting it would be no drift repaired.
+            syncer.age_read_back(READ_BACK_PERIOD);
+            let full = sync(&mut syncer, &mut index, SyncReason::Periodic, true);
+            assert!(full.report.full);
+            assert_eq!((full.report.apply.operations, full.report.drift_repairs), (0, 0));
+            assert!(syncer.render(index.state()).contains(&format!("map {map} {{")));
+            // A new process plans from nothing: it deletes the empty map.
+            syncer = Syncer::new(config(), Box::new(kernel.clone()), fixed_nodeports());
+            sync(&mut syncer, &mut index, SyncReason::Startup, true);
+            let ops = kernel.lock().applied.last().unwrap().summary();
+            assert!(ops.contains(&format!("delete set ip nftproxy {map}")), "{ops:#?}");
+        }
         assert!(!syncer.render(index.state()).contains(map), "{extra}");
+        assert!(diff(&kernel.lock().state, &syncer.desired(index.state())).is_empty(), "{extra}");
     }
 }
 
@@ -176,6 +200,60 @@ fn shared_syncer(owned: bool) -> (SharedFake, Syncer) {
     let mut c = config();
     c.table_ownership = owned;
     (kernel.clone(), Syncer::new(c, Box::new(kernel), fixed_nodeports()))
+}
+
+/// The shape before a count's map existed only while in use: the maps for 1 to 16 endpoints of
+/// every kind, each declared `numgen random mod 1`, with a rule each. A restart replaces the
+/// maps in use (their declaration changed), deletes the others with their rules, and keeps the
+/// table, whose deletion would forget every affinity client.
+#[test]
+fn balancing_maps_of_the_preset_shape_are_replaced_without_re_creating_the_table() {
+    let (kernel, mut syncer) = shared_syncer(true);
+    let mut index = ClusterIndex::new();
+    reset(&mut index, &web_with(&["10.0.1.1", "10.0.1.2"], ""));
+    sync(&mut syncer, &mut index, SyncReason::Startup, true);
+    {
+        let mut k = kernel.lock();
+        let table = &mut k.state.tables[0];
+        let mut maps = Vec::new();
+        for map in BalanceMap::ALL {
+            for n in 1..=16 {
+                let set = SharedSet::Balance(map, n);
+                let old = lower_set(&SharedSet::Balance(map, 1).empty(table.family));
+                let mut kernels = table.sets.get(set.name().as_ref()).cloned().unwrap_or_else(|| old.clone());
+                kernels.name = set.name().into_owned();
+                kernels.spec = old.spec;
+                table.sets.insert(kernels.name.clone(), kernels);
+                maps.push(set);
+            }
+        }
+        for chain in crate::plan::balance_chains(table.family, maps) {
+            if let Some(have) = table.chains.get_mut(&chain.name) {
+                have.rules = crate::nft::lower::lower_chain(&chain).rules;
+            }
+        }
+    }
+    let mut restarted = Syncer::new(config(), Box::new(kernel.clone()), fixed_nodeports());
+    let first = sync(&mut restarted, &mut index, SyncReason::Startup, true);
+    let ops = kernel.lock().applied.last().unwrap().summary();
+    assert!(!ops.iter().any(|o| o.starts_with("delete table")), "{ops:#?}");
+    for op in [
+        "flush chain ip nftproxy balance-service",
+        "delete set ip nftproxy service-endpoints-2",
+        "add set ip nftproxy service-endpoints-2",
+        "add element ip nftproxy service-endpoints-2 (2 elements)",
+        "delete set ip nftproxy service-endpoints-16",
+        "delete set ip nftproxy local-nodeport-endpoints-1",
+    ] {
+        assert!(ops.iter().any(|o| o == op), "{op}: {ops:#?}");
+    }
+    assert!(first.report.apply.operations > 0);
+    assert!(diff(&kernel.lock().state, &restarted.desired(index.state())).is_empty());
+    let text = restarted.render(index.state());
+    assert!(text.contains("numgen random mod 2 : ip daddr . th dport"), "{text}");
+    assert!(!text.contains("service-endpoints-1 "), "{text}");
+    let again = sync(&mut restarted, &mut index, SyncReason::Startup, true);
+    assert_eq!(again.report.apply.operations, 0, "{:#?}", kernel.lock().applied.last().unwrap().summary());
 }
 
 #[test]

@@ -417,12 +417,13 @@ pub enum SetShape {
     ServiceKeys(IpFamily),
     /// `type inet_proto . inet_service` (node ports that are balanced)
     PortKeys,
-    /// `typeof ip daddr . meta l4proto . th dport . numgen random mod 1 : ip daddr . th dport`
-    /// (a service address's endpoints by index)
-    ServiceEndpoints(IpFamily),
-    /// `typeof meta l4proto . th dport . numgen random mod 1 : ip daddr . th dport` (a node
-    /// port's endpoints by index)
-    NodeportEndpoints(IpFamily),
+    /// `typeof ip daddr . meta l4proto . th dport . numgen random mod N : ip daddr . th dport`
+    /// (the endpoints of service addresses with N of them, by index: the key is what the rule
+    /// that reads the map looks up, `numgen random mod N` included)
+    ServiceEndpoints(IpFamily, u32),
+    /// `typeof meta l4proto . th dport . numgen random mod N : ip daddr . th dport` (the
+    /// endpoints of node ports with N of them, by index)
+    NodeportEndpoints(IpFamily, u32),
     /// `typeof numgen random mod 1 : ip daddr . th dport; flags interval` (numgen range → DNAT
     /// target)
     EndpointTargets(IpFamily),
@@ -447,8 +448,8 @@ impl SetShape {
             | SetShape::PortVerdicts
             | SetShape::ServiceKeys(_)
             | SetShape::PortKeys
-            | SetShape::ServiceEndpoints(_)
-            | SetShape::NodeportEndpoints(_)
+            | SetShape::ServiceEndpoints(..)
+            | SetShape::NodeportEndpoints(..)
             | SetShape::SlotTargets(_)
             | SetShape::AffinityClients(_) => false,
         }
@@ -461,8 +462,8 @@ impl SetShape {
             | SetShape::PortVerdicts
             | SetShape::EndpointTargets(_)
             | SetShape::SlotTargets(_)
-            | SetShape::ServiceEndpoints(_)
-            | SetShape::NodeportEndpoints(_) => true,
+            | SetShape::ServiceEndpoints(..)
+            | SetShape::NodeportEndpoints(..) => true,
             SetShape::Addresses(_)
             | SetShape::Prefixes(_)
             | SetShape::AddressPairs(_)
@@ -485,8 +486,8 @@ impl SetShape {
             | SetShape::PortVerdicts
             | SetShape::ServiceKeys(_)
             | SetShape::PortKeys
-            | SetShape::ServiceEndpoints(_)
-            | SetShape::NodeportEndpoints(_)
+            | SetShape::ServiceEndpoints(..)
+            | SetShape::NodeportEndpoints(..)
             | SetShape::EndpointTargets(_)
             | SetShape::SlotWindows
             | SetShape::SlotTargets(_) => false,

@@ -458,23 +458,23 @@ pub fn set_spec(shape: SetShape, timeout_secs: Option<u32>, comment: Option<&str
             let key = concat(&[TYPE_INET_PROTOCOL, TYPE_INET_SERVICE]);
             (0, key, 8, None, 0, udata_prefix::CONCAT_KEY.to_vec())
         }
-        SetShape::ServiceEndpoints(fam) => {
+        SetShape::ServiceEndpoints(fam, n) => {
             let (t, l) = addr_type(fam);
             let blob = match fam {
                 IpFamily::V4 => udata_prefix::SERVICE_INDEX_TO_IP_DPORT,
                 IpFamily::V6 => udata_prefix::SERVICE_INDEX_TO_IP6_DPORT,
             };
             let key = concat(&[t, TYPE_INET_PROTOCOL, TYPE_INET_SERVICE, TYPE_INTEGER]);
-            (SET_MAP, key, l + 12, Some(concat(&[t, TYPE_INET_SERVICE])), l + 4, hex(blob))
+            (SET_MAP, key, l + 12, Some(concat(&[t, TYPE_INET_SERVICE])), l + 4, numgen_modulus(hex(blob), n))
         }
-        SetShape::NodeportEndpoints(fam) => {
+        SetShape::NodeportEndpoints(fam, n) => {
             let (t, l) = addr_type(fam);
             let blob = match fam {
                 IpFamily::V4 => udata_prefix::NODEPORT_INDEX_TO_IP_DPORT,
                 IpFamily::V6 => udata_prefix::NODEPORT_INDEX_TO_IP6_DPORT,
             };
             let key = concat(&[TYPE_INET_PROTOCOL, TYPE_INET_SERVICE, TYPE_INTEGER]);
-            (SET_MAP, key, 12, Some(concat(&[t, TYPE_INET_SERVICE])), l + 4, hex(blob))
+            (SET_MAP, key, 12, Some(concat(&[t, TYPE_INET_SERVICE])), l + 4, numgen_modulus(hex(blob), n))
         }
     };
     if let Some(c) = comment {
@@ -508,6 +508,7 @@ mod udata_prefix {
     /// `typeof numgen random mod 1 : ip6 daddr . th dport`
     pub(super) const NUMGEN_TO_IP6_DPORT: &str = "000401000000010400000000031a0004170000000112000401000000010401000000020400000000043400040d000000012c0014000407000000010c00040d0000000104090000000114000407000000010c00040b000000010402000000060400000000";
     /// `typeof ip daddr . meta l4proto . th dport . numgen random mod 1 : ip daddr . th dport`
+    /// (the modulus is set by [`super::numgen_modulus`])
     pub(super) const SERVICE_INDEX_TO_IP_DPORT: &str = "000400000000010400000000036000040d00000001580014000407000000010c00040c00000001040c000000010e00040900000001060004100000000214000407000000010c00040b000000010402000000031a0004170000000112000401000000010401000000020400000000043400040d000000012c0014000407000000010c00040c00000001040c0000000114000407000000010c00040b000000010402000000060400000000";
     /// `typeof ip6 daddr . meta l4proto . th dport . numgen random mod 1 : ip6 daddr . th dport`
     pub(super) const SERVICE_INDEX_TO_IP6_DPORT: &str = "000400000000010400000000036000040d00000001580014000407000000010c00040d000000010409000000010e00040900000001060004100000000214000407000000010c00040b000000010402000000031a0004170000000112000401000000010401000000020400000000043400040d000000012c0014000407000000010c00040d0000000104090000000114000407000000010c00040b000000010402000000060400000000";
@@ -525,6 +526,23 @@ mod udata_prefix {
     pub(super) const NUMGEN_INC_TO_IP_DPORT: &str = "000401000000010400000000031a0004170000000112000400000000010401000000020400000000043400040d000000012c0014000407000000010c00040c00000001040c0000000114000407000000010c00040b000000010402000000060400000000";
     /// `typeof numgen inc mod 1 : ip6 daddr . th dport`
     pub(super) const NUMGEN_INC_TO_IP6_DPORT: &str = "000401000000010400000000031a0004170000000112000400000000010401000000020400000000043400040d000000012c0014000407000000010c00040d0000000104090000000114000407000000010c00040b000000010402000000060400000000";
+}
+
+/// The numgen expression in a `typeof` key, as nft writes it: expression id 0x17 (numgen),
+/// then its own userdata — type (1: random), modulus, offset, each a host-order u32.
+const NUMGEN_TYPEOF: [u8; 14] = [0, 4, 0x17, 0, 0, 0, 1, 18, 0, 4, 1, 0, 0, 0];
+
+/// `udata` with the modulus of its `numgen random` typeof set to `modulus`, so that nft prints
+/// the map's key as the rule that reads it computes it (`numgen random mod N`).
+fn numgen_modulus(mut udata: Vec<u8>, modulus: u32) -> Vec<u8> {
+    let at = udata.windows(NUMGEN_TYPEOF.len()).position(|w| w == NUMGEN_TYPEOF);
+    // The modulus attribute (type 1, length 4) follows the type attribute.
+    if let Some(value) = at.map(|at| at + NUMGEN_TYPEOF.len() + 2)
+        && let Some(bytes) = udata.get_mut(value..value + 4)
+    {
+        bytes.copy_from_slice(&modulus.to_ne_bytes());
+    }
+    udata
 }
 
 fn hex(s: &str) -> Vec<u8> {
@@ -591,8 +609,8 @@ pub fn lower_elements(shape: SetShape, set: &BTreeMap<Vec<Value>, Element>) -> S
         | SetShape::PortVerdicts
         | SetShape::ServiceKeys(_)
         | SetShape::PortKeys
-        | SetShape::ServiceEndpoints(_)
-        | SetShape::NodeportEndpoints(_)
+        | SetShape::ServiceEndpoints(..)
+        | SetShape::NodeportEndpoints(..)
         | SetShape::SlotTargets(_) => {
             for (key, element) in set {
                 let key = WireKey { bytes: concat_bytes(key), interval_end: false };
@@ -700,6 +718,24 @@ mod tests {
         let targets = set_spec(SetShape::EndpointTargets(IpFamily::V4), None, None, false);
         assert_eq!((targets.data_type, targets.data_len), (Some(0x1cd), 8));
         assert_eq!(targets.userdata.as_ref().map(Vec::len), Some(100));
+    }
+
+    /// The `typeof` of a balancing map is the key its rule looks up, `numgen random mod N`
+    /// included: only the modulus differs between the maps of two counts.
+    #[test]
+    fn a_balancing_map_declares_the_modulus_of_its_rule() {
+        for (three, one) in [
+            (SetShape::ServiceEndpoints(IpFamily::V4, 3), SetShape::ServiceEndpoints(IpFamily::V4, 1)),
+            (SetShape::NodeportEndpoints(IpFamily::V6, 3), SetShape::NodeportEndpoints(IpFamily::V6, 1)),
+        ] {
+            let ud = |shape| set_spec(shape, None, None, false).userdata.unwrap();
+            let (three, one) = (ud(three), ud(one));
+            let at = three.windows(NUMGEN_TYPEOF.len()).position(|w| w == NUMGEN_TYPEOF).unwrap() + NUMGEN_TYPEOF.len();
+            assert_eq!(three[at..at + 2], [1, 4], "the modulus attribute follows the type");
+            assert_eq!(three[at + 2..at + 6], 3u32.to_ne_bytes());
+            assert_eq!(one[at + 2..at + 6], 1u32.to_ne_bytes());
+            assert_eq!(three.iter().zip(&one).filter(|(a, b)| a != b).count(), 1);
+        }
     }
 
     #[test]

@@ -144,12 +144,12 @@ pub fn shape_declaration(shape: SetShape) -> String {
         }
         SetShape::ServiceKeys(fam) => format!("type {} . inet_proto . inet_service", addr(fam)),
         SetShape::PortKeys => "type inet_proto . inet_service".to_string(),
-        SetShape::ServiceEndpoints(fam) => {
+        SetShape::ServiceEndpoints(fam, n) => {
             let ip = family_keyword(fam);
-            format!("typeof {ip} daddr . meta l4proto . th dport . numgen random mod 1 : {ip} daddr . th dport")
+            format!("typeof {ip} daddr . meta l4proto . th dport . numgen random mod {n} : {ip} daddr . th dport")
         }
-        SetShape::NodeportEndpoints(fam) => {
-            format!("typeof meta l4proto . th dport . numgen random mod 1 : {} daddr . th dport", family_keyword(fam))
+        SetShape::NodeportEndpoints(fam, n) => {
+            format!("typeof meta l4proto . th dport . numgen random mod {n} : {} daddr . th dport", family_keyword(fam))
         }
     }
 }

@@ -12,31 +12,32 @@
 //! endpoints in `local-endpoints-N` (`local-nodeport-endpoints-N`), balanced by `balance-local`
 //! (`balance-local-nodeport`) for everyone else.
 //!
-//! So adding or removing an endpoint, or a whole service, is element operations only: no rule,
-//! chain or `goto` changes, and no verdict-map element, the changes after which the kernel
-//! validates every chain reachable from the base chains (a walk that grows with the ruleset).
-//! The maps and rules for up to [`BalanceMap::PRESET`] endpoints exist always; beyond that, a
-//! map and its rule exist while some port has that many endpoints, so the rules change only
-//! when such a count comes into use or goes out of it.
+//! So adding or removing an endpoint, or a whole service, is element operations only while the
+//! counts it moves between are in use: no rule, chain or `goto` changes, and no verdict-map
+//! element, the changes after which the kernel validates every chain reachable from the base
+//! chains (a walk that grows with the ruleset). A plan has a count's map and its rule while
+//! some port has that many endpoints, so `nft list ruleset` shows the counts in use. The
+//! transaction of the first port to reach a count creates them; the syncer then keeps them,
+//! empty or not, while its process runs ([`keep`]), so that a count that comes back is
+//! elements again rather than a new rule, whose validation walk is what a created map costs
+//! (docs/design.md has the measurements).
 
 use super::objects::*;
 use super::{goto, jump, port_key, service_key};
 use crate::net::IpFamily;
 use crate::nft::*;
 
-/// The balancing chains of a family's table: rules for the preset endpoint counts and for the
-/// balancing maps in `maps` (which may name other sets: they are ignored). Their rules depend on
-/// nothing else, so the syncer can tell the kernel's from the maps it holds.
+/// The balancing chains of a family's table: one rule for each balancing map in `maps` (which
+/// may name other sets: they are ignored), in ascending count. Their rules depend on nothing
+/// else, so the syncer can tell the kernel's from the maps it holds.
 pub fn chains(family: IpFamily, maps: impl IntoIterator<Item = SharedSet>) -> [Chain; 6] {
     let infra = Owner::infrastructure;
-    let preset = BalanceMap::ALL.into_iter().flat_map(|map| (1..=BalanceMap::PRESET).map(move |n| (map, n)));
     let mut counts: Vec<(BalanceMap, u32)> = maps
         .into_iter()
         .filter_map(|set| match set {
             SharedSet::Balance(map, n) => Some((map, n)),
             _ => None,
         })
-        .chain(preset)
         .collect();
     counts.sort_unstable();
     counts.dedup();
@@ -77,6 +78,24 @@ pub fn chains(family: IpFamily, maps: impl IntoIterator<Item = SharedSet>) -> [C
     ]
 }
 
+/// Adds to a planned table the balancing maps in `kept` it does not hold (empty), with their
+/// rules: the maps the syncer keeps after their last element went (see
+/// `nftproxy::sync::programmed`), so that the planned ruleset is what the kernel holds.
+pub fn keep(table: &mut Table, kept: impl IntoIterator<Item = SharedSet>) {
+    let family = table.family;
+    let mut added = false;
+    for set in kept.into_iter().filter(|s| matches!(s, SharedSet::Balance(..))) {
+        if !table.sets.contains_key(set.name().as_ref()) {
+            table.add_set(set.empty(family));
+            added = true;
+        }
+    }
+    if added {
+        super::order_sets(table);
+        fill(table);
+    }
+}
+
 /// Rewrites a merged table's balancing chains for the balancing maps it holds.
 pub(super) fn fill(table: &mut Table) {
     let maps: Vec<SharedSet> = table.sets.keys().filter_map(|name| SharedSet::from_name(name)).collect();
@@ -90,36 +109,39 @@ mod tests {
     use super::*;
 
     #[test]
-    fn one_rule_per_endpoint_count_in_ascending_order() {
-        let big = BalanceMap::PRESET + 4;
+    fn one_rule_per_endpoint_count_in_use_in_ascending_order() {
         let maps = [
-            SharedSet::Balance(BalanceMap::Service, big),
+            SharedSet::Balance(BalanceMap::Service, 20),
             SharedSet::ServiceIps,
             SharedSet::Balance(BalanceMap::Service, 2),
             SharedSet::Balance(BalanceMap::Nodeport, 3),
+            SharedSet::Balance(BalanceMap::Service, 2),
         ];
         let [service, external, nodeport, external_nodeport, local, local_nodeport] = chains(IpFamily::V4, maps);
         let text = |c: &Chain| c.rules.iter().map(|r| r.to_string()).collect::<Vec<_>>();
         let service_rule = |n: u32| {
             format!("dnat ip to ip daddr . meta l4proto . th dport . numgen random mod {n} map @service-endpoints-{n}")
         };
-        let mut want: Vec<String> = (1..=BalanceMap::PRESET).map(service_rule).collect();
-        want.push(service_rule(big));
-        assert_eq!(text(&service), want, "the preset counts, then the one in use, once each");
+        assert_eq!(text(&service), vec![service_rule(2), service_rule(20)], "the counts in use, once each");
         assert_eq!(text(&external), vec!["jump mark-for-masquerade", "goto balance-service"]);
         assert_eq!(text(&external_nodeport), vec!["jump mark-for-masquerade", "goto balance-nodeport"]);
-        let nodeport = text(&nodeport);
-        assert_eq!(nodeport.len(), BalanceMap::PRESET as usize);
-        assert_eq!(nodeport[2], "dnat ip to meta l4proto . th dport . numgen random mod 3 map @nodeport-endpoints-3");
-        let local = text(&local);
         assert_eq!(
-            local[0],
-            "dnat ip to ip daddr . meta l4proto . th dport . numgen random mod 1 map @local-endpoints-1"
+            text(&nodeport),
+            vec!["dnat ip to meta l4proto . th dport . numgen random mod 3 map @nodeport-endpoints-3"]
         );
-        let local_nodeport = text(&local_nodeport);
-        assert_eq!(
-            local_nodeport[1],
-            "dnat ip to meta l4proto . th dport . numgen random mod 2 map @local-nodeport-endpoints-2"
-        );
+        assert!(local.rules.is_empty() && local_nodeport.rules.is_empty(), "no count in use, no rule");
+    }
+
+    #[test]
+    fn kept_maps_are_added_empty_with_their_rules() {
+        let mut table = Table::new(IpFamily::V4, "nftproxy", None);
+        table.add_set(SharedSet::Balance(BalanceMap::Service, 2).empty(IpFamily::V4));
+        fill(&mut table);
+        keep(&mut table, [SharedSet::Balance(BalanceMap::Service, 5), SharedSet::ServiceIps]);
+        assert!(table.sets["service-endpoints-5"].elements.is_empty());
+        assert!(!table.sets.contains_key("service-ips"), "only balancing maps are kept");
+        let rules: Vec<String> = table.chains[BALANCE_SERVICE].rules.iter().map(|r| r.to_string()).collect();
+        assert_eq!(rules.len(), 2);
+        assert!(rules[1].ends_with("numgen random mod 5 map @service-endpoints-5"), "{rules:?}");
     }
 }

@@ -53,11 +53,6 @@ pub(super) fn table(family: IpFamily, input: &PlanInput<'_>) -> Table {
     for set in SharedSet::SERVICE_WRITTEN.into_iter().filter(|s| *s != SharedSet::ClusterIps) {
         t.add_set(set.empty(family));
     }
-    for map in BalanceMap::ALL {
-        for n in 1..=BalanceMap::PRESET {
-            t.add_set(SharedSet::Balance(map, n).empty(family));
-        }
-    }
     let cidrs = local_cidrs(family, input);
     if cidrs.len() > 1 {
         let mut set = SharedSet::ClusterCidrs.empty(family);

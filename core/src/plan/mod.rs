@@ -47,6 +47,7 @@ use crate::nft::lower::{lower_elements, lower_table};
 use crate::nft::wire::{SetElements, WireTable};
 use crate::nft::*;
 pub use balance::chains as balance_chains;
+pub use balance::keep as keep_balance_maps;
 pub use infrastructure::base_chains;
 pub use objects::SharedSet;
 use placement::{Demands, Placement, SlotLookup};

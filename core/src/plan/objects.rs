@@ -66,19 +66,22 @@ impl BalanceMap {
     pub const ALL: [BalanceMap; 4] =
         [BalanceMap::Service, BalanceMap::Nodeport, BalanceMap::Local, BalanceMap::LocalNodeport];
 
-    /// Endpoint counts whose maps (and rules) exist whatever the cluster holds, so a service
-    /// port whose count changes within them changes elements only. A new map costs more than
-    /// its elements: the kernel checks a new set's name against every set of the table, finds
-    /// a set by walking that list from the oldest, and a new rule naming it makes the kernel
-    /// validate the whole table; maps created with the table are first in the list.
-    pub const PRESET: u32 = 16;
-
     fn prefix(self) -> &'static str {
         match self {
             BalanceMap::Service => "service-endpoints-",
             BalanceMap::Nodeport => "nodeport-endpoints-",
             BalanceMap::Local => "local-endpoints-",
             BalanceMap::LocalNodeport => "local-nodeport-endpoints-",
+        }
+    }
+
+    /// The balancing chain whose rules read the maps of this kind.
+    pub fn chain(self) -> &'static str {
+        match self {
+            BalanceMap::Service => BALANCE_SERVICE,
+            BalanceMap::Nodeport => BALANCE_NODEPORT,
+            BalanceMap::Local => BALANCE_LOCAL,
+            BalanceMap::LocalNodeport => BALANCE_LOCAL_NODEPORT,
         }
     }
 
@@ -144,8 +147,9 @@ pub enum SharedSet {
     BalancedLocalNodeports,
     /// `service-endpoints-N`, `nodeport-endpoints-N`, `local-endpoints-N`,
     /// `local-nodeport-endpoints-N`: the endpoints (of the kind the [`BalanceMap`] says) of every
-    /// balanced service address (node port) that has N of them, by index `0..N`. Created with
-    /// the table for counts up to [`BalanceMap::PRESET`], else while it holds any.
+    /// balanced service address (node port) that has N of them, by index `0..N`. Planned, with
+    /// its rule in the balancing chain, while it holds any; the syncer keeps it once created
+    /// (see [`crate::plan::balance`]).
     Balance(BalanceMap, u32),
 }
 
@@ -226,14 +230,14 @@ impl SharedSet {
         matches!(self, SharedSet::EndpointMap(..) | SharedSet::SlotWindows(_) | SharedSet::SlotTargets(_))
     }
 
-    /// Whether the set exists only while it holds elements (created by the first service that
-    /// writes into it, deleted with its last element), rather than with the infrastructure.
+    /// Whether the set is created by the first service that writes into it, rather than with
+    /// the infrastructure: an endpoint map is deleted with its last element, a balancing map
+    /// kept by the syncer while its process runs.
     pub fn on_demand(self) -> bool {
-        match self {
-            SharedSet::EndpointMap(..) | SharedSet::SlotWindows(_) | SharedSet::SlotTargets(_) => true,
-            SharedSet::Balance(_, n) => n > BalanceMap::PRESET,
-            _ => false,
-        }
+        matches!(
+            self,
+            SharedSet::EndpointMap(..) | SharedSet::SlotWindows(_) | SharedSet::SlotTargets(_) | SharedSet::Balance(..)
+        )
     }
 
     /// The set's shape in a family's table.
@@ -247,8 +251,8 @@ impl SharedSet {
                 SetShape::ServiceKeys(family)
             }
             SharedSet::BalancedNodeports | SharedSet::BalancedLocalNodeports => SetShape::PortKeys,
-            SharedSet::Balance(map, _) if map.by_nodeport() => SetShape::NodeportEndpoints(family),
-            SharedSet::Balance(_, _) => SetShape::ServiceEndpoints(family),
+            SharedSet::Balance(map, n) if map.by_nodeport() => SetShape::NodeportEndpoints(family, n),
+            SharedSet::Balance(_, n) => SetShape::ServiceEndpoints(family, n),
             SharedSet::NoEndpointNodeports | SharedSet::ServiceNodeports => SetShape::PortVerdicts,
             SharedSet::Hairpin => SetShape::AddressPairs(family),
             SharedSet::ClusterCidrs | SharedSet::ServiceCidrs => SetShape::Prefixes(family),

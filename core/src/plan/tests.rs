@@ -1,14 +1,13 @@
-//! Planner tests: golden rulesets (`nft-templates/`) and the diffs between plans, applied to the
-//! kernel's rules (`nft::kernel`) so that ordering and reference bugs fail here too.
+//! Planner tests: the golden scenarios (`nft-templates/`, one directory each, run by
+//! [`golden_scenarios`]) and the diffs between plans, applied to the kernel's rules
+//! (`nft::kernel`) so that ordering and reference bugs fail here too.
 
 use super::*;
-use crate::config::parse_cidrs;
 use crate::fixtures::*;
-use crate::nft::diff::{OpKind, Transaction, diff};
+use crate::nft::diff::{Transaction, diff};
 use crate::nft::kernel;
 use crate::nft::lower::lower_ruleset;
 use crate::nft::wire::WireRuleset;
-use crate::plan::objects::BalanceMap;
 use crate::plan::placement::Placement;
 
 fn wire(plan: &Plan) -> WireRuleset {
@@ -20,10 +19,60 @@ fn wire(plan: &Plan) -> WireRuleset {
 fn transition(from: &Plan, to: &Plan) -> Transaction {
     let mut state = WireRuleset::default();
     kernel::apply(&mut state, &diff(&WireRuleset::default(), &wire(from))).unwrap();
-    let tx = diff(&state, &wire(to));
-    kernel::apply(&mut state, &tx).unwrap_or_else(|e| panic!("kernel refused the diff: {e:?}\n{:#?}", tx.summary()));
-    assert!(diff(&state, &wire(to)).is_empty(), "state after the diff differs from the plan");
-    tx
+    changed(&mut state, to).unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// The diff from `state` to `to`, applied to `state` by the kernel's rules, which must accept
+/// it and end equal to `to`.
+fn changed(state: &mut WireRuleset, to: &Plan) -> Result<Transaction, String> {
+    let tx = diff(state, &wire(to));
+    kernel::apply(state, &tx).map_err(|e| format!("the kernel refused the diff: {e:?}\n{:#?}", tx.summary()))?;
+    let left = diff(state, &wire(to));
+    if !left.is_empty() {
+        return Err(format!("the state after the diff differs from the plan by {:#?}", left.summary()));
+    }
+    Ok(tx)
+}
+
+/// Every golden scenario in `nft-templates/` (see its README.md): the rendered plan of
+/// `input.yaml` is `expected.nft`, the kernel's rules accept it from nothing, and each change
+/// `changes/NAME.yaml` is the transaction `changes/NAME.txt` from there, accepted by the
+/// kernel's rules and ending equal to the new plan. `NFTPROXY_UPDATE_GOLDEN=1` rewrites the
+/// expected files. Every difference is reported, not only the first.
+#[test]
+fn golden_scenarios() {
+    let scenarios = Scenario::all();
+    let names: Vec<&str> = scenarios.iter().map(|s| s.name.as_str()).collect();
+    for known in ["affinity", "clusterip", "dualstack", "external", "topology"] {
+        assert!(names.contains(&known), "the scenario {known} is missing from {names:?}");
+    }
+    let failures: Vec<String> = scenarios.iter().flat_map(run_scenario).collect();
+    assert!(failures.is_empty(), "{}", failures.join("\n\n"));
+}
+
+/// The failures of one scenario.
+fn run_scenario(scenario: &Scenario) -> Vec<String> {
+    let mut placement = Placement::new();
+    let plan = scenario.plan(&scenario.input, &mut placement);
+    let mut failures: Vec<String> =
+        check_expected(&scenario.dir.join("expected.nft"), &plan.ruleset.to_string()).into_iter().collect();
+    let mut created = WireRuleset::default();
+    if let Err(e) = kernel::apply(&mut created, &diff(&WireRuleset::default(), &wire(&plan))) {
+        failures.push(format!("{}: the kernel refused the ruleset: {e:?}", scenario.name));
+        return failures;
+    }
+    for (name, manifests) in &scenario.changes {
+        let mut state = created.clone();
+        let after = scenario.plan(manifests, &mut placement.clone());
+        match changed(&mut state, &after) {
+            Ok(tx) => {
+                let lines: String = tx.summary().iter().map(|l| format!("{l}\n")).collect();
+                failures.extend(check_expected(&scenario.dir.join("changes").join(format!("{name}.txt")), &lines));
+            }
+            Err(e) => failures.push(format!("{}: change {name}: {e}", scenario.name)),
+        }
+    }
+    failures
 }
 
 fn summary(tx: &Transaction) -> Vec<String> {
@@ -31,9 +80,8 @@ fn summary(tx: &Transaction) -> Vec<String> {
 }
 
 #[test]
-fn clusterip_golden() {
+fn clusterip_statistics() {
     let p = plan_with(&config(), &state(CLUSTERIP));
-    assert_golden("clusterip.nft", &p.ruleset.to_string());
     assert_eq!(p.stats.service_ports, 4);
     assert_eq!(p.stats.no_endpoints, 1);
     // svc2:http has 3 ready endpoints; the terminating one is not used while ready ones exist.
@@ -78,80 +126,6 @@ fn service_cidrs_drop_unallocated_cluster_ips_after_the_reject() {
     assert!(!before.ruleset.to_string().contains("service-cidrs"));
 }
 
-#[test]
-fn removing_the_last_endpoint_leaves_nothing_stale() {
-    let before = plan_with(&config(), &state(CLUSTERIP));
-    let without = CLUSTERIP.replace("- {addresses: [\"10.180.0.1\"], nodeName: node1}\n", "");
-    let after = plan_with(&config(), &state(&without));
-    let tx = transition(&before, &after);
-    let text = after.ruleset.to_string();
-    assert!(!text.contains("ns1/svc1:p80\" : 10.180"), "no endpoint of svc1 is left:\n{text}");
-    assert!(
-        !text.contains("172.30.0.41 . tcp . 80 counter packets 0 bytes 0 comment \"ns1/svc1:p80\","),
-        "not balanced any more:\n{text}"
-    );
-    assert!(
-        text.contains("172.30.0.41 . tcp . 80 counter packets 0 bytes 0 comment \"ns1/svc1:p80\" : goto reject-chain")
-    );
-    let s = summary(&tx);
-    assert!(s.contains(&"delete element ip nftproxy service-endpoints-1 (1 elements)".to_string()), "{s:#?}");
-    assert!(!s.iter().any(|l| l.contains(" chain ") || l.contains(" rule ")), "elements only: {s:#?}");
-}
-
-#[test]
-fn renaming_a_port_replaces_its_objects() {
-    let before = plan_with(&config(), &state(CLUSTERIP));
-    let renamed = CLUSTERIP.replace("name: p80, port: 80, protocol: TCP}]\n---\napiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata: {name: svc1-abc", "name: web, port: 80, protocol: TCP}]\n---\napiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata: {name: svc1-abc")
-        .replace("ports: [{name: p80, port: 80, protocol: TCP}]\nendpoints:\n- {addresses: [\"10.180.0.1\"]", "ports: [{name: web, port: 80, protocol: TCP}]\nendpoints:\n- {addresses: [\"10.180.0.1\"]");
-    let after = plan_with(&config(), &state(&renamed));
-    let text = after.ruleset.to_string();
-    assert!(text.contains("172.30.0.41 . tcp . 80 . 0 comment \"ns1/svc1:web\" : 10.180.0.1 . 80"), "{text}");
-    assert!(!text.contains("ns1/svc1:p80"));
-    let tx = transition(&before, &after);
-    let s = summary(&tx);
-    // The elements are the same but for their comment (the owner): replaced.
-    for set in ["balanced-service-ips", "service-endpoints-1"] {
-        assert!(s.contains(&format!("delete element ip nftproxy {set} (1 elements)")), "{s:#?}");
-        assert!(s.contains(&format!("add element ip nftproxy {set} (1 elements)")), "{s:#?}");
-    }
-}
-
-#[test]
-fn deleting_a_service_removes_all_of_it() {
-    let mut slots = Placement::new();
-    let before = plan_after(&config(), &state(CLUSTERIP), &mut slots);
-    let mut s = state(CLUSTERIP);
-    s.remove_service(&NamespacedName::new("ns2", "svc2"));
-    let after = plan_after(&config(), &s, &mut slots);
-    let text = after.ruleset.to_string();
-    assert!(!text.contains("svc2"), "{text}");
-    assert!(!text.contains("172.30.0.42"));
-    let tx = transition(&before, &after);
-    // Element deletions only: the maps for two and three endpoints stay (preset counts).
-    assert!(tx.ops.iter().all(|o| matches!(o.kind, OpKind::DeleteElements { .. })), "{:#?}", summary(&tx));
-    let only_svc2 = tx.ops.iter().all(|o| o.owners().iter().all(|w| !w.to_string().starts_with("ns1/")));
-    assert!(only_svc2, "only svc2's objects change: {:#?}", summary(&tx));
-}
-
-#[test]
-fn an_endpoint_swap_is_element_operations_only() {
-    let before = plan_with(&config(), &state(CLUSTERIP));
-    let after = plan_with(&config(), &state(&CLUSTERIP.replace("10.180.4.1", "10.180.4.2")));
-    let tx = transition(&before, &after);
-    let s = summary(&tx);
-    let map = "service-endpoints-3";
-    assert_eq!(
-        s,
-        vec![
-            "delete element ip nftproxy hairpin-endpoints (1 elements)".to_string(),
-            format!("delete element ip nftproxy {map} (1 elements)"),
-            "add element ip nftproxy hairpin-endpoints (1 elements)".to_string(),
-            format!("add element ip nftproxy {map} (1 elements)"),
-        ],
-        "{s:#?}"
-    );
-}
-
 /// One service `ns/big` with `n` endpoints.
 fn big_service(n: u32) -> String {
     let endpoints: String = (0..n).map(|i| format!("- {{addresses: [\"10.181.0.{}\"]}}\n", i + 1)).collect();
@@ -160,39 +134,28 @@ fn big_service(n: u32) -> String {
     )
 }
 
+/// A count's map and its rule exist while some port has that many endpoints: the first port
+/// to reach a count creates them, after the map and before the maps it leaves go (the rule
+/// names the map); the last to leave it deletes them.
 #[test]
-fn adding_an_endpoint_moves_the_port_to_the_map_for_its_new_count() {
-    let before = plan_with(&config(), &state(CLUSTERIP));
-    // svc2:dns-udp goes from two endpoints to three: element operations only (the kernel
-    // commits element changes in a data map or a plain set without validating the table).
-    let more = CLUSTERIP.replace(
-        "ports: [{name: http, port: 8080, protocol: TCP}]\nendpoints:\n- {addresses: [\"10.180.4.1\"], nodeName: node4}",
-        "ports: [{name: http, port: 8080, protocol: TCP}, {name: dns-udp, port: 53, protocol: UDP}]\nendpoints:\n- {addresses: [\"10.180.4.1\"], nodeName: node4}",
-    );
-    let tx = transition(&before, &plan_with(&config(), &state(&more)));
-    assert_eq!(
-        summary(&tx),
-        vec![
-            "delete element ip nftproxy service-endpoints-2 (2 elements)",
-            "add element ip nftproxy service-endpoints-3 (3 elements)",
-        ]
-    );
-    // Past the preset counts a map exists while some port uses it, with its rule.
-    let n = BalanceMap::PRESET;
-    let (preset, beyond) =
-        (plan_with(&config(), &state(&big_service(n))), plan_with(&config(), &state(&big_service(n + 1))));
-    let s = summary(&transition(&preset, &beyond));
+fn a_count_s_map_and_rule_exist_while_a_port_has_that_many_endpoints() {
+    let (five, six) = (plan_with(&config(), &state(&big_service(5))), plan_with(&config(), &state(&big_service(6))));
+    let s = summary(&transition(&five, &six));
     for op in [
-        format!("add set ip nftproxy service-endpoints-{}", n + 1),
-        format!("add element ip nftproxy service-endpoints-{} ({} elements)", n + 1, n + 1),
-        format!("delete element ip nftproxy service-endpoints-{n} ({n} elements)"),
-        "flush chain ip nftproxy balance-service".to_string(),
+        "add set ip nftproxy service-endpoints-6",
+        "add element ip nftproxy service-endpoints-6 (6 elements)",
+        "flush chain ip nftproxy balance-service",
+        "add rule ip nftproxy balance-service",
+        "delete set ip nftproxy service-endpoints-5",
     ] {
-        assert!(s.contains(&op), "{op} missing: {s:#?}");
+        assert!(s.iter().any(|l| l == op), "{op} missing: {s:#?}");
     }
-    let s = summary(&transition(&beyond, &preset));
-    assert!(s.contains(&format!("delete set ip nftproxy service-endpoints-{}", n + 1)), "{s:#?}");
-    assert!(!s.iter().any(|l| l.contains(" chain ") && !l.ends_with("balance-service")), "{s:#?}");
+    let position = |op: &str| s.iter().position(|l| l == op);
+    assert!(position("add set ip nftproxy service-endpoints-6") < position("add rule ip nftproxy balance-service"));
+    assert!(position("add rule ip nftproxy balance-service") < position("delete set ip nftproxy service-endpoints-5"));
+    let text = six.ruleset.to_string();
+    assert_eq!(text.matches("map @service-endpoints-").count(), 1, "one count in use, one rule:\n{text}");
+    assert!(text.contains("typeof ip daddr . meta l4proto . th dport . numgen random mod 6 : ip daddr . th dport"));
 }
 
 #[test]
@@ -215,9 +178,8 @@ fn deleting_everything_deletes_the_tables() {
 }
 
 #[test]
-fn external_golden() {
+fn external_health_checks_and_captured_ingress() {
     let p = plan_with(&config(), &state(EXTERNAL));
-    assert_golden("external.nft", &p.ruleset.to_string());
     let text = p.ruleset.to_string();
     assert!(!text.contains("9.9.9.9"), "ipMode Proxy ingress is not captured");
     // Only Local-policy LoadBalancers get health checks; svc2 has no local endpoint.
@@ -242,12 +204,6 @@ fn match_all_nodeports_use_fib_and_drop_the_address_set() {
     let text = p.ruleset.to_string();
     assert!(text.contains("fib daddr type local ip daddr != 127.0.0.0/8 goto nodeports"));
     assert!(!text.contains("nodeport-ips"));
-}
-
-#[test]
-fn affinity_golden() {
-    let p = plan_with(&config(), &state(AFFINITY));
-    assert_golden("affinity.nft", &p.ruleset.to_string());
 }
 
 /// What `explain` predicts for a new TCP connection from a pod to `dst` over `plan`: per
@@ -311,115 +267,6 @@ fn a_large_balanced_port_reaches_every_endpoint_evenly() {
     let outcomes = predicted(&plan, "172.30.9.9:80");
     assert_eq!(outcomes.len(), 5000);
     assert!(outcomes.iter().all(|(_, share, slot)| (share * 5000.0 - 1.0).abs() < 1e-9 && slot.is_none()));
-}
-
-/// Dual-stack (`nft-templates/dualstack.nft`): an IPv6-primary NodePort service with IPv4 too.
-pub const DUAL_STACK: &str = r#"
-apiVersion: v1
-kind: Service
-metadata: {name: web, namespace: ns1}
-spec:
-  type: NodePort
-  ipFamilies: [IPv6, IPv4]
-  clusterIPs: ["fd00:172:30::41", 172.30.0.41]
-  ports: [{name: http, port: 80, protocol: TCP, nodePort: 30080}]
----
-apiVersion: discovery.k8s.io/v1
-kind: EndpointSlice
-metadata: {name: web-v6, namespace: ns1, labels: {kubernetes.io/service-name: web}}
-addressType: IPv6
-ports: [{name: http, port: 8080, protocol: TCP}]
-endpoints:
-- {addresses: ["fd00:10:180::1"], nodeName: node1}
-- {addresses: ["fd00:10:180::2:1"], nodeName: node2}
----
-apiVersion: discovery.k8s.io/v1
-kind: EndpointSlice
-metadata: {name: web-v4, namespace: ns1, labels: {kubernetes.io/service-name: web}}
-addressType: IPv4
-ports: [{name: http, port: 8080, protocol: TCP}]
-endpoints:
-- {addresses: ["10.180.0.1"], nodeName: node1}
-"#;
-
-#[test]
-fn dual_stack_golden() {
-    let mut c = config();
-    c.cluster_cidrs = parse_cidrs("--cluster-cidr", "10.0.0.0/8,fd00:10::/48").unwrap_or_default();
-    let p = plan_with(&c, &state(DUAL_STACK));
-    assert_eq!(p.ruleset.tables.len(), 2);
-    assert_golden("dualstack.nft", &p.ruleset.to_string());
-}
-
-/// Topology and internal traffic policy (`nft-templates/topology.nft`): node1 is in zone-a.
-pub const TOPOLOGY: &str = r#"
-apiVersion: v1
-kind: Node
-metadata: {name: node1, labels: {topology.kubernetes.io/zone: zone-a}}
-status: {addresses: [{type: InternalIP, address: 192.168.0.2}]}
----
-apiVersion: v1
-kind: Service
-metadata: {name: zonal, namespace: ns1}
-spec:
-  clusterIP: 172.30.0.41
-  trafficDistribution: PreferSameZone
-  ports: [{name: http, port: 80, protocol: TCP}]
----
-apiVersion: discovery.k8s.io/v1
-kind: EndpointSlice
-metadata: {name: zonal-abc, namespace: ns1, labels: {kubernetes.io/service-name: zonal}}
-addressType: IPv4
-ports: [{name: http, port: 8080, protocol: TCP}]
-endpoints:
-- {addresses: ["10.180.0.1"], nodeName: node1, zone: zone-a, hints: {forZones: [{name: zone-a}]}}
-- {addresses: ["10.180.0.2"], nodeName: node2, zone: zone-a, hints: {forZones: [{name: zone-a}]}}
-- {addresses: ["10.180.0.3"], nodeName: node3, zone: zone-b, hints: {forZones: [{name: zone-b}]}}
----
-apiVersion: v1
-kind: Service
-metadata: {name: node-local, namespace: ns2}
-spec:
-  clusterIP: 172.30.0.42
-  internalTrafficPolicy: Local
-  ports: [{name: http, port: 80, protocol: TCP}]
----
-apiVersion: discovery.k8s.io/v1
-kind: EndpointSlice
-metadata: {name: node-local-abc, namespace: ns2, labels: {kubernetes.io/service-name: node-local}}
-addressType: IPv4
-ports: [{name: http, port: 8080, protocol: TCP}]
-endpoints:
-- {addresses: ["10.180.0.4"], nodeName: node1}
-- {addresses: ["10.180.0.5"], nodeName: node2}
----
-apiVersion: v1
-kind: Service
-metadata: {name: elsewhere, namespace: ns3}
-spec:
-  clusterIP: 172.30.0.43
-  internalTrafficPolicy: Local
-  ports: [{name: http, port: 80, protocol: TCP}]
----
-apiVersion: discovery.k8s.io/v1
-kind: EndpointSlice
-metadata: {name: elsewhere-abc, namespace: ns3, labels: {kubernetes.io/service-name: elsewhere}}
-addressType: IPv4
-ports: [{name: http, port: 8080, protocol: TCP}]
-endpoints:
-- {addresses: ["10.180.0.6"], nodeName: node2}
-"#;
-
-#[test]
-fn topology_golden() {
-    let p = plan_with(&config(), &state(TOPOLOGY));
-    assert_golden("topology.nft", &p.ruleset.to_string());
-    let text = p.ruleset.to_string();
-    assert!(!text.contains("10.180.0.3 . 8080"), "zone-b endpoint unused in zone-a");
-    assert!(
-        text.contains("172.30.0.43 . tcp . 80 counter packets 0 bytes 0 comment \"ns3/elsewhere:http\" : drop"),
-        "{text}"
-    );
 }
 
 /// Both traffic policies Local on a NodePort: pods and the node reaching it are still
@@ -520,4 +367,17 @@ endpoints:
     let [check] = p.health_checks.as_slice() else { panic!("{:?}", p.health_checks) };
     assert_eq!(check.families, vec![IpFamily::V4, IpFamily::V6]);
     assert_eq!((check.local_endpoints_in(IpFamily::V4), check.local_endpoints_in(IpFamily::V6)), (1, 0));
+}
+
+/// Topology (`nft-templates/topology/`): node1 is in zone-a, so the zone-b endpoint is unused,
+/// and a `Local` service without an endpoint here drops.
+#[test]
+fn topology_uses_this_zones_endpoints_and_drops_without_a_local_one() {
+    let scenario = Scenario::load("topology");
+    let text = scenario.plan(&scenario.input, &mut Placement::new()).ruleset.to_string();
+    assert!(!text.contains("10.180.0.3 . 8080"), "zone-b endpoint unused in zone-a");
+    assert!(
+        text.contains("172.30.0.43 . tcp . 80 counter packets 0 bytes 0 comment \"ns3/elsewhere:http\" : drop"),
+        "{text}"
+    );
 }
