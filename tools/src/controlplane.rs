@@ -309,6 +309,11 @@ impl ControlPlane {
         Err(ControlPlaneError::NotReady { what, waited: within, log: log.unwrap_or_default() })
     }
 
+    /// The network namespace it runs in (as `ip netns` knows it).
+    pub fn namespace(&self) -> &str {
+        &self.ns
+    }
+
     /// The API server's URL.
     pub fn url(&self) -> String {
         format!("https://{}:{API_PORT}", self.ip)
