@@ -266,7 +266,9 @@ pub fn gauge(text: &str, name: &str) -> Option<f64> {
         .reduce(|a, b| a + b)
 }
 
-/// A Prometheus histogram read from a `/metrics` text (its series summed over their labels).
+/// A Prometheus histogram read from a `/metrics` text: its IPv4 series (upstream runs a proxier
+/// per family, and so reports the IPv6 one's syncs too; the benchmark's objects are IPv4), or
+/// its only one when unlabelled.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Histogram {
     /// Upper bounds and cumulative counts, in order, `+Inf` last.
@@ -283,6 +285,9 @@ impl Histogram {
         for line in text.lines().filter(|l| !l.starts_with('#')) {
             let Some((series, value)) = line.rsplit_once(' ') else { continue };
             let Ok(value) = value.parse::<f64>() else { continue };
+            if series.contains("ip_family=") && !series.contains("ip_family=\"IPv4\"") {
+                continue;
+            }
             if let Some(labels) = series.strip_prefix(&bucket) {
                 let Some(le) = labels.split("le=\"").nth(1).and_then(|r| r.split('"').next()) else { continue };
                 let le = if le == "+Inf" { f64::INFINITY } else { le.parse().unwrap_or(f64::NAN) };
@@ -371,7 +376,9 @@ mod tests {
         kubeproxy_network_programming_duration_seconds_bucket{ip_family=\"IPv4\",le=\"1\"} 10\n\
         kubeproxy_network_programming_duration_seconds_bucket{ip_family=\"IPv4\",le=\"+Inf\"} 10\n\
         kubeproxy_network_programming_duration_seconds_sum{ip_family=\"IPv4\"} 4.5\n\
-        kubeproxy_network_programming_duration_seconds_count{ip_family=\"IPv4\"} 10\n";
+        kubeproxy_network_programming_duration_seconds_count{ip_family=\"IPv4\"} 10\n\
+        kubeproxy_network_programming_duration_seconds_bucket{ip_family=\"IPv6\",le=\"0.25\"} 7\n\
+        kubeproxy_network_programming_duration_seconds_count{ip_family=\"IPv6\"} 7\n";
 
     #[test]
     fn gauges_are_the_ipv4_series() {
