@@ -239,10 +239,13 @@ fn one_size(plan: &Plan, size: Size, bins: &UpstreamBins, record: &Record) -> Re
     let mut lab = Lab::new()?;
     lab.add_node("node1")?;
     eprintln!("head-to-head {size}: starting the control plane…");
-    let cp = ControlPlane::start_in(&mut lab, crate::lab::topology::SERVICE_CIDR_V4).map_err(hth)?;
+    let mut cp = ControlPlane::start_in(&mut lab, crate::lab::topology::SERVICE_CIDR_V4).map_err(hth)?;
     cp.add_node("node1", lab.node("node1").ip, "zone-a").map_err(hth)?;
     cp.apply(&format!("apiVersion: v1\nkind: Namespace\nmetadata: {{name: {NAMESPACE}}}\n")).map_err(hth)?;
     cp.apply(KUBE_PROXY_IDENTITY).map_err(hth)?;
+    // Every EndpointSlice is written here: no controller is needed once the ServiceCIDR is
+    // ready, and the garbage collector's graph of 100,000 objects would compete for the CPU.
+    cp.stop_controller_manager();
     let client = ApiClient::new(&cp);
     let started = Instant::now();
     client.create_all(objects(size))?;
@@ -1056,9 +1059,10 @@ pub fn kube_proxy_ruleset(
 ) -> Result<String, BenchError> {
     let hth = |e: crate::controlplane::ControlPlaneError| BenchError::HeadToHead(e.to_string());
     let node_ip = lab.node(node).ip;
-    let cp = ControlPlane::start_in(lab, service_cidr).map_err(hth)?;
+    let mut cp = ControlPlane::start_in(lab, service_cidr).map_err(hth)?;
     cp.add_node(node, node_ip, "zone-a").map_err(hth)?;
     cp.apply(KUBE_PROXY_IDENTITY).map_err(hth)?;
+    cp.stop_controller_manager();
     let client = ApiClient::new(&cp);
     let (namespaces, objects, statuses) = state_objects(state);
     let started = Instant::now();

@@ -346,6 +346,7 @@ struct SizeResult {
 pub fn run(args: &BenchArgs) -> Result<(), BenchError> {
     crate::lab::require_privileges()?;
     crate::lab::cleanup_stale();
+    stop_children_on_signal();
     let args = args.effective();
     let record = Record::new(&args)?;
     let mut report = Report::default();
@@ -449,6 +450,38 @@ fn run_parts(args: &BenchArgs, record: &Record, report: &mut Report) -> Result<(
         }
     }
     Ok(())
+}
+
+/// On Ctrl-C or SIGTERM a run of hours must not leave its control plane, proxies and
+/// namespaces behind (drop handlers do not run on a signal): this kills, by PID, the processes
+/// this one started (`ip netns exec` runs each as this process's child), deletes its lab
+/// namespaces, and exits.
+fn stop_children_on_signal() {
+    use signal_hook::consts::{SIGINT, SIGTERM};
+    let Ok(mut signals) = signal_hook::iterator::Signals::new([SIGINT, SIGTERM]) else { return };
+    std::thread::spawn(move || {
+        let Some(signal) = signals.forever().next() else { return };
+        let me = std::process::id();
+        let children = std::fs::read_dir("/proc").into_iter().flatten().flatten().filter_map(|e| {
+            let pid: i32 = e.file_name().to_str()?.parse().ok()?;
+            let stat = std::fs::read_to_string(e.path().join("stat")).ok()?;
+            let ppid: u32 = stat.rsplit_once(')')?.1.split_whitespace().nth(1)?.parse().ok()?;
+            (ppid == me).then_some(pid)
+        });
+        for pid in children.collect::<Vec<_>>() {
+            let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGKILL);
+        }
+        let listed = Command::new("ip").args(["netns", "list"]).output();
+        let mine = format!("-{me}-");
+        for line in listed.map(|o| String::from_utf8_lossy(&o.stdout).into_owned()).unwrap_or_default().lines() {
+            let name = line.split_whitespace().next().unwrap_or("");
+            if name.starts_with("nftp-") && name.contains(&mine) {
+                let _ = Command::new("ip").args(["netns", "delete", name]).output();
+            }
+        }
+        eprintln!("bench: interrupted; the processes it started and its namespaces were removed");
+        std::process::exit(128 + signal);
+    });
 }
 
 /// The Markdown a run prints, kept for its results file.
