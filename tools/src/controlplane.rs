@@ -257,6 +257,13 @@ impl ControlPlane {
         self.apiserver.lock().unwrap_or_else(|e| e.into_inner()).take();
     }
 
+    /// Stops kube-controller-manager (by PID), for a benchmark that writes every EndpointSlice
+    /// itself: its controllers (the garbage collector's graph of every object above all) would
+    /// only compete for the CPU with what is measured.
+    pub fn stop_controller_manager(&mut self) {
+        self.controller_manager.take();
+    }
+
     fn start_controller_manager(&mut self) -> Result<(), ControlPlaneError> {
         let kubeconfig = self.file("admin.kubeconfig");
         std::fs::write(&kubeconfig, self.kubeconfig(ADMIN_TOKEN))?;
@@ -307,6 +314,11 @@ impl ControlPlane {
             _ => self.controller_manager.as_ref().map(Process::log),
         };
         Err(ControlPlaneError::NotReady { what, waited: within, log: log.unwrap_or_default() })
+    }
+
+    /// The network namespace it runs in (as `ip netns` knows it).
+    pub fn namespace(&self) -> &str {
+        &self.ns
     }
 
     /// The API server's URL.

@@ -33,9 +33,10 @@ enum Command {
         #[arg(long)]
         list: bool,
     },
-    /// nftproxy and upstream kube-proxy v1.37 (nftables mode) one after the other through the
-    /// same real API server: first sync, one endpoint change, peak RSS, idle CPU, side by side.
-    HeadToHead(nftproxy_tools::bench::head_to_head::HeadToHeadArgs),
+    /// nftproxy and upstream kube-proxy v1.37.2 (nftables, and iptables as a reference) one
+    /// after the other through the same real API server, side by side: `bench` with only its
+    /// head-to-head (`--h2h-*` options; `--head-to-head SIZES` is implied by `--h2h-sizes`).
+    HeadToHead(Box<nftproxy_tools::bench::BenchArgs>),
     /// One phase of the benchmark, inside a benchmark namespace (started by `bench`).
     #[command(hide = true)]
     BenchWorker(nftproxy_tools::bench::worker::WorkerArgs),
@@ -57,7 +58,12 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Demo(args) => nftproxy_tools::demo::run(&args).map_err(|e| e.to_string()),
         Command::Bench(args) => nftproxy_tools::bench::run(&args).map_err(|e| e.to_string()),
-        Command::HeadToHead(args) => nftproxy_tools::bench::head_to_head::run(&args),
+        Command::HeadToHead(mut args) => {
+            if args.head_to_head.is_none() {
+                args.head_to_head = Some(args.h2h_sizes.join(","));
+            }
+            nftproxy_tools::bench::run(&args).map_err(|e| e.to_string())
+        }
         Command::BenchWorker(args) => nftproxy_tools::bench::worker::run(&args).map_err(|e| e.to_string()),
         Command::Cluster { size, out, list } => write_cluster(&size, out.as_deref(), list),
     };

@@ -38,6 +38,8 @@ pub struct ChurnPlan {
     pub duration: Duration,
     /// Where the SVG plot goes.
     pub plot: PathBuf,
+    /// How the results file links to it.
+    pub plot_link: String,
 }
 
 /// One minute of the run.
@@ -390,7 +392,7 @@ pub fn tables(r: &ChurnResult) -> String {
     };
     let _ = writeln!(
         out,
-        "\nWhole run: API event → commit p50 {} / p99 {} ({} events not programmed), CPU {:.1}% of one core, RSS {} at minute 2 → {} at the end ({growth}), probe {} connections, {} failures. Plot: {}",
+        "\nWhole run: API event → commit p50 {} / p99 {} ({} events not programmed), CPU {:.1}% of one core, RSS {} at minute 2 → {} at the end ({growth}), probe {} connections, {} failures.",
         ms(r.latency_p50),
         ms(r.latency_p99),
         r.unprogrammed,
@@ -399,7 +401,6 @@ pub fn tables(r: &ChurnResult) -> String {
         mib(r.rss_end),
         r.probe_ok + r.probe_failed,
         r.probe_failed,
-        plan.plot.display()
     );
     if let Some((mean, le1, le2)) = r.metric {
         let _ = writeln!(
@@ -410,12 +411,8 @@ pub fn tables(r: &ChurnResult) -> String {
             le2 * 100.0
         );
     }
+    let _ = writeln!(out, "\n![API event → commit, CPU and RSS per minute of the churn run]({})", plan.plot_link);
     out
-}
-
-/// The default plot path.
-pub fn default_plot() -> PathBuf {
-    std::env::temp_dir().join("nftproxy-bench-churn.svg")
 }
 
 #[cfg(test)]

@@ -48,6 +48,9 @@ pub const NODE: &str = "node1";
 /// `--cluster-cidr` for every ruleset: the wan subnet holding the client, so the client's
 /// ClusterIP traffic is pod traffic and is not masqueraded (DNAT only, in every ruleset).
 pub const CLUSTER_CIDR: &str = "192.168.50.0/24";
+/// The service range of the control plane that holds the cluster for upstream's kube-proxy
+/// (the synthetic ClusterIPs and the target's).
+pub const SERVICE_CIDR: &str = "10.96.0.0/12";
 /// Endpoints of each synthetic service (they only add rules the target's path never visits).
 pub const ENDPOINTS: usize = 10;
 
@@ -66,13 +69,17 @@ pub enum Ruleset {
     SingleDnat,
     /// kube-proxy's iptables mode for the whole cluster, loaded with `iptables-nft-restore`.
     Iptables,
+    /// Upstream's kube-proxy v1.37.2 in nftables mode for the whole cluster: the table the real
+    /// process programmed (listed after its first sync), loaded with `nft -f`.
+    KubeProxyNftables,
     /// nftproxy's ruleset for the whole cluster, synced over netlink.
     Nftproxy,
 }
 
 impl Ruleset {
     /// Every ruleset, in the order trials interleave them.
-    pub const ALL: [Ruleset; 4] = [Ruleset::None, Ruleset::SingleDnat, Ruleset::Iptables, Ruleset::Nftproxy];
+    pub const ALL: [Ruleset; 5] =
+        [Ruleset::None, Ruleset::SingleDnat, Ruleset::Iptables, Ruleset::KubeProxyNftables, Ruleset::Nftproxy];
 }
 
 impl fmt::Display for Ruleset {
@@ -81,6 +88,7 @@ impl fmt::Display for Ruleset {
             Ruleset::None => "none",
             Ruleset::SingleDnat => "single-dnat",
             Ruleset::Iptables => "iptables",
+            Ruleset::KubeProxyNftables => "kube-proxy-nftables",
             Ruleset::Nftproxy => "nftproxy",
         })
     }
@@ -240,20 +248,25 @@ pub struct Trials<'a> {
     pub settle: Duration,
 }
 
-/// One data-plane comparison at `services` other services; `iptables_text` is the iptables-restore
-/// input for the same cluster (target last). Creates and removes its own namespaces.
+/// Where the rulesets that are not nftproxy's own come from.
+pub struct Sources<'a> {
+    /// The iptables-restore input of kube-proxy's iptables mode for a cluster, the target last.
+    pub iptables: &'a dyn Fn(&ClusterState, &NamespacedName) -> String,
+    /// The `nft -f` input of the table upstream's kube-proxy programs for a cluster, with the
+    /// lab (whose node it runs on) to run it in.
+    pub kube_proxy_nftables: &'a dyn Fn(&mut Lab, &ClusterState) -> Result<String, String>,
+}
+
+/// One data-plane comparison at `services` other services. Creates and removes its own
+/// namespaces.
 ///
 /// Each round runs one trial per ruleset (in the order of [`round_order`]), each starting once
 /// the CPUs are idle (`wait_until_idle`); between
 /// trials the node's ruleset and conntrack table are flushed. Each trial is also reported on
 /// stderr, so the spread of rounds can be read. The result has one entry per ruleset, in
 /// [`Ruleset::ALL`] order. Callers with kube-proxy's generator pass e.g.
-/// `&|s, t| upstream::iptables_restore(s, NODE, CLUSTER_CIDR, t)`.
-pub fn compare(
-    services: usize,
-    iptables_text: &dyn Fn(&ClusterState, &NamespacedName) -> String,
-    trials: &Trials<'_>,
-) -> Result<Vec<ConnStats>, DataPlaneError> {
+/// `&|s, t| upstream::iptables_restore(s, NODE, CLUSTER_CIDR, t)` as `iptables`.
+pub fn compare(services: usize, sources: &Sources<'_>, trials: &Trials<'_>) -> Result<Vec<ConnStats>, DataPlaneError> {
     let rulesets: Vec<Ruleset> = Ruleset::ALL.into_iter().filter(|r| trials.rulesets.contains(r)).collect();
     let order: Vec<Ruleset> = {
         let mut seen = Vec::new();
@@ -273,7 +286,16 @@ pub fn compare(
 
     let (state, target, cluster_ip) = cluster_with_target(Size { services, endpoints: ENDPOINTS }, pod_ip);
     let pod_addr = SocketAddrV4::new(pod_ip, POD_PORT);
-    let iptables = if order.contains(&Ruleset::Iptables) { iptables_text(&state, &target) } else { String::new() };
+    let iptables = if order.contains(&Ruleset::Iptables) { (sources.iptables)(&state, &target) } else { String::new() };
+    let kube_proxy = if order.contains(&Ruleset::KubeProxyNftables) {
+        (sources.kube_proxy_nftables)(&mut lab, &state).map_err(|detail| DataPlaneError::Apply {
+            ruleset: Ruleset::KubeProxyNftables,
+            namespace: NODE.into(),
+            detail,
+        })?
+    } else {
+        String::new()
+    };
     let mut config = ProxyConfig::new(NODE);
     config.cluster_cidrs = parse_cidrs("--cluster-cidr", CLUSTER_CIDR)?;
 
@@ -300,6 +322,11 @@ pub fn compare(
                 }
                 Ruleset::Iptables => {
                     feed(node, "iptables-nft-restore", &[], &iptables)
+                        .map_err(|detail| apply_error(ruleset, node, detail))?;
+                    cluster_ip
+                }
+                Ruleset::KubeProxyNftables => {
+                    feed(node, "nft", &["-f", "-"], &kube_proxy)
                         .map_err(|detail| apply_error(ruleset, node, detail))?;
                     cluster_ip
                 }
@@ -684,6 +711,24 @@ mod tests {
         );
     }
 
+    /// A kube-proxy-shaped nftables table for the target service only (the real process needs
+    /// the control plane; `nftproxy bench --quick` runs that).
+    fn tiny_kube_proxy(_: &mut Lab, state: &ClusterState) -> Result<String, String> {
+        let target = NamespacedName::new("bench", "target");
+        let port = state.service(&target).and_then(|s| s.ports.first()).ok_or("no target")?;
+        let cip = port.cluster_ip(IpFamily::V4).ok_or("no ClusterIP")?;
+        let ep = state.endpoints(&port.name, IpFamily::V4).first().ok_or("no endpoint")?.ip;
+        Ok(format!(
+            "table ip kube-proxy {{\n\
+               map service-ips {{ type ipv4_addr . inet_proto . inet_service : verdict; \
+                 elements = {{ {cip} . tcp . {TARGET_PORT} : goto service-target }}; }}\n\
+               chain service-target {{ meta l4proto tcp dnat to {ep}:{POD_PORT}; }}\n\
+               chain services {{ ip daddr . meta l4proto . th dport vmap @service-ips; }}\n\
+               chain nat-prerouting {{ type nat hook prerouting priority dstnat; jump services; }}\n\
+             }}\n"
+        ))
+    }
+
     #[test]
     fn every_ruleset_carries_connections() {
         if crate::lab::skip_unless_privileged() {
@@ -691,7 +736,8 @@ mod tests {
         }
         let trials =
             Trials { rulesets: &Ruleset::ALL, rounds: 1, trial: Duration::from_millis(300), settle: Duration::ZERO };
-        let stats = compare(10, &tiny_iptables, &trials).expect("compare");
+        let sources = Sources { iptables: &tiny_iptables, kube_proxy_nftables: &tiny_kube_proxy };
+        let stats = compare(10, &sources, &trials).expect("compare");
         assert_eq!(stats.iter().map(|s| s.ruleset).collect::<Vec<_>>(), Ruleset::ALL);
         for s in &stats {
             eprintln!(

@@ -5,14 +5,19 @@
 //! already in the kernel) followed by one-change and burst syncs. Beside them, in the same run,
 //! the anchors: nftproxy's own `render` output and the upstream-shaped ruleset ([`upstream`]),
 //! each applied with `nft -f`, and the upstream ruleset's incremental updates. Last, the data
-//! plane ([`dataplane`]). It prints Markdown tables with the machine described.
+//! plane ([`dataplane`]), and the head-to-head with upstream's own kube-proxy ([`head_to_head`]).
+//! It prints Markdown tables with the machine described, and keeps them, with the plots, in a
+//! dated results file ([`Record`]).
 
 pub mod agent;
+pub mod api;
 pub mod churn;
 pub mod dataplane;
 pub mod e2e;
 pub mod head_to_head;
+pub mod kernel;
 mod plot;
+pub mod proxies;
 pub mod upstream;
 pub mod worker;
 
@@ -64,10 +69,37 @@ pub struct BenchArgs {
     /// completes.
     #[arg(long)]
     pub quick: bool,
-    /// Instead of the benchmark: nftproxy against upstream kube-proxy v1.37 through the real API
-    /// server at these sizes (SERVICESxENDPOINTS, comma-separated; see `head_to_head`).
+    /// Only the head-to-head with upstream kube-proxy v1.37.2 through the real API server, at
+    /// these sizes (SERVICESxENDPOINTS, comma-separated): the same as `--h2h-sizes SIZES`
+    /// with every other part skipped.
     #[arg(long, value_name = "SIZES")]
     pub head_to_head: Option<String>,
+    /// Skip the head-to-head.
+    #[arg(long)]
+    pub no_head_to_head: bool,
+    /// Head to head: sizes, SERVICESxENDPOINTS, comma-separated.
+    #[arg(long, value_delimiter = ',', default_value = "1000x10,10000x10,44000x1")]
+    pub h2h_sizes: Vec<String>,
+    /// Head to head: the proxies, in the order they run.
+    #[arg(long, value_enum, value_delimiter = ',', default_value = "nftproxy,kube-proxy-nftables,kube-proxy-iptables")]
+    pub h2h_proxies: Vec<H2hProxy>,
+    /// Head to head: single changes of each kind (endpoint replaced, Service added) per proxy.
+    #[arg(long, default_value_t = 5)]
+    pub h2h_changes: usize,
+    /// Head to head: the sizes with a churn run (empty for none).
+    #[arg(long, value_delimiter = ',', default_value = "10000x10")]
+    pub h2h_churn_sizes: Vec<String>,
+    /// Head to head: churn endpoint updates per second, and for how long.
+    #[arg(long, default_value_t = 100)]
+    pub h2h_churn_rate: u32,
+    #[arg(long, default_value = "10m", value_parser = humantime::parse_duration)]
+    pub h2h_churn_duration: Duration,
+    /// Head to head: the quiet window of the idle CPU figure.
+    #[arg(long, default_value = "30s", value_parser = humantime::parse_duration)]
+    pub h2h_idle: Duration,
+    /// Head to head: the longest wait for a proxy's first sync.
+    #[arg(long, default_value = "30m", value_parser = humantime::parse_duration)]
+    pub h2h_first_sync_timeout: Duration,
     /// Cluster sizes, SERVICESxENDPOINTS, comma-separated; empty (`--sizes ''`) for none.
     #[arg(long, value_delimiter = ',', default_value = "1000x10,10000x10,5000x50,44000x1")]
     pub sizes: Vec<String>,
@@ -100,7 +132,7 @@ pub struct BenchArgs {
     #[arg(long, default_value = "1500ms", value_parser = humantime::parse_duration)]
     pub trial: Duration,
     /// Data plane: the rulesets compared, comma-separated (each round interleaves them).
-    #[arg(long, value_delimiter = ',', default_value = "none,single-dnat,iptables,nftproxy")]
+    #[arg(long, value_delimiter = ',', default_value = "none,single-dnat,iptables,kube-proxy-nftables,nftproxy")]
     pub rulesets: Vec<dataplane::Ruleset>,
     /// Data plane: pause between loading a ruleset and its trial.
     #[arg(long, default_value = "0s", value_parser = humantime::parse_duration)]
@@ -144,20 +176,73 @@ pub struct BenchArgs {
     pub churn_rate: u32,
     #[arg(long, default_value = "10m", value_parser = humantime::parse_duration)]
     pub churn_duration: Duration,
-    /// Churn: where its plot (SVG) goes.
+    /// Churn: where its plot (SVG) goes (default: beside the results file).
     #[arg(long)]
     pub churn_plot: Option<PathBuf>,
+    /// Where the results file (`DATE[-HHMM].md`) and its plots go. Default: the source tree's
+    /// `docs/performance/results` for a full run; a directory under the system's temporary
+    /// directory with `--quick` (unless `--record`).
+    #[arg(long, value_name = "DIR")]
+    pub results: Option<PathBuf>,
+    /// With `--quick`: write the results file into `docs/performance/results` all the same.
+    #[arg(long)]
+    pub record: bool,
+    /// A note for the results file (e.g. what else ran on the machine).
+    #[arg(long)]
+    pub note: Option<String>,
+}
+
+/// A proxy of the head-to-head (`--h2h-proxies`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum H2hProxy {
+    Nftproxy,
+    KubeProxyNftables,
+    KubeProxyIptables,
+}
+
+impl From<H2hProxy> for proxies::Proxy {
+    fn from(p: H2hProxy) -> proxies::Proxy {
+        match p {
+            H2hProxy::Nftproxy => proxies::Proxy::Nftproxy,
+            H2hProxy::KubeProxyNftables => proxies::Proxy::KubeProxyNftables,
+            H2hProxy::KubeProxyIptables => proxies::Proxy::KubeProxyIptables,
+        }
+    }
 }
 
 impl BenchArgs {
-    /// `--quick` overrides: what CI can afford in about a minute.
+    /// `--quick` overrides (what CI can afford in about three minutes), and `--head-to-head`'s.
     fn effective(&self) -> BenchArgs {
+        if let Some(sizes) = &self.head_to_head {
+            let mut only = if self.quick { self.quick_parts() } else { self.clone() };
+            only.head_to_head = None;
+            only.h2h_sizes = sizes.split(',').map(|s| s.trim().to_string()).collect();
+            only.no_head_to_head = false;
+            only.no_e2e = true;
+            only.no_churn = true;
+            only.sizes = Vec::new();
+            only.no_dataplane = true;
+            return only;
+        }
         if !self.quick {
             return self.clone();
         }
+        self.quick_parts()
+    }
+
+    fn quick_parts(&self) -> BenchArgs {
         BenchArgs {
             quick: true,
             head_to_head: None,
+            no_head_to_head: self.no_head_to_head,
+            h2h_sizes: vec!["200x10".into()],
+            h2h_proxies: self.h2h_proxies.clone(),
+            h2h_changes: 1,
+            h2h_churn_sizes: vec!["200x10".into()],
+            h2h_churn_rate: 20,
+            h2h_churn_duration: Duration::from_secs(10),
+            h2h_idle: Duration::from_secs(2),
+            h2h_first_sync_timeout: Duration::from_secs(120),
             sizes: vec!["1000x10".into()],
             changes: 12,
             burst: 100,
@@ -185,7 +270,27 @@ impl BenchArgs {
             churn_rate: 20,
             churn_duration: Duration::from_secs(30),
             churn_plot: self.churn_plot.clone(),
+            results: self.results.clone(),
+            record: self.record,
+            note: self.note.clone(),
         }
+    }
+
+    fn head_to_head_plan(&self) -> Result<head_to_head::Plan, BenchError> {
+        let sizes = |v: &[String]| -> Result<Vec<Size>, BenchError> {
+            v.iter().filter(|s| !s.trim().is_empty()).map(|s| parse_size(s)).collect()
+        };
+        Ok(head_to_head::Plan {
+            sizes: sizes(&self.h2h_sizes)?,
+            proxies: self.h2h_proxies.iter().map(|p| (*p).into()).collect(),
+            changes: self.h2h_changes.min(200),
+            churn_sizes: sizes(&self.h2h_churn_sizes)?,
+            churn_rate: self.h2h_churn_rate,
+            churn_duration: self.h2h_churn_duration,
+            idle: self.h2h_idle,
+            first_sync_timeout: self.h2h_first_sync_timeout,
+            settle: if self.quick { Duration::from_secs(1) } else { Duration::from_secs(3) },
+        })
     }
 
     fn e2e_plan(&self) -> Result<e2e::Plan, BenchError> {
@@ -207,12 +312,18 @@ impl BenchArgs {
         })
     }
 
-    fn churn_plan(&self) -> Result<churn::ChurnPlan, BenchError> {
+    fn churn_plan(&self, record: &Record) -> Result<churn::ChurnPlan, BenchError> {
+        let size = parse_size(&self.churn_size)?;
+        let plot = self
+            .churn_plot
+            .clone()
+            .unwrap_or_else(|| record.file(&format!("churn-{}x{}.svg", size.services, size.endpoints)));
         Ok(churn::ChurnPlan {
-            size: parse_size(&self.churn_size)?,
+            size,
             rate: self.churn_rate,
             duration: self.churn_duration,
-            plot: self.churn_plot.clone().unwrap_or_else(churn::default_plot),
+            plot_link: record.link(&plot),
+            plot,
         })
     }
 }
@@ -230,27 +341,37 @@ struct SizeResult {
     upstream_changes: Vec<Duration>,
 }
 
-/// Runs the benchmark and prints its tables.
+/// Runs the benchmark, prints its tables and writes them, with its plots, to a dated results
+/// file (also when a part fails: what was measured is kept, with the error).
 pub fn run(args: &BenchArgs) -> Result<(), BenchError> {
-    if let Some(sizes) = &args.head_to_head {
-        let h2h = head_to_head::HeadToHeadArgs { sizes: sizes.clone(), idle: std::time::Duration::from_secs(10) };
-        println!("{}", machine());
-        return head_to_head::run(&h2h).map_err(BenchError::HeadToHead);
-    }
     crate::lab::require_privileges()?;
     crate::lab::cleanup_stale();
+    stop_children_on_signal();
     let args = args.effective();
+    let record = Record::new(&args)?;
+    let mut report = Report::default();
+    report.add(&record.header(&args));
+    let result = run_parts(&args, &record, &mut report);
+    if let Err(e) = &result {
+        report.add(&format!("\n**The run stopped with an error**: {e}\n"));
+    }
+    let path = record.results();
+    std::fs::write(&path, &report.text)?;
+    eprintln!("bench: results written to {}", path.display());
+    result
+}
+
+fn run_parts(args: &BenchArgs, record: &Record, report: &mut Report) -> Result<(), BenchError> {
     let sizes =
         args.sizes.iter().filter(|s| !s.trim().is_empty()).map(|s| parse_size(s)).collect::<Result<Vec<_>, _>>()?;
     let scratch = Scratch::new()?;
-    println!("{}", machine());
     if !args.no_e2e {
         let files = e2e::Files::new(&scratch.0.join("manifests"))?;
         let e2e = e2e::run(&args.e2e_plan()?, &files)?;
-        print!("{}", e2e::tables(&e2e));
+        report.add(&e2e::tables(&e2e));
     }
     if !args.no_churn {
-        let plan = args.churn_plan()?;
+        let plan = args.churn_plan(record)?;
         eprintln!(
             "bench: churn at {}, {} updates/s for {}",
             plan.size,
@@ -258,7 +379,7 @@ pub fn run(args: &BenchArgs) -> Result<(), BenchError> {
             humantime::format_duration(plan.duration)
         );
         let churn = churn::run(&plan)?;
-        print!("{}", churn::tables(&churn));
+        report.add(&churn::tables(&churn));
         if args.quick && (churn.probe_failed > 0 || churn.unprogrammed > 0 || churn.probe_ok == 0) {
             return Err(BenchError::Worker(format!(
                 "churn: {} probe failures, {} events not programmed, {} probe connections",
@@ -269,13 +390,15 @@ pub fn run(args: &BenchArgs) -> Result<(), BenchError> {
     let mut results = Vec::new();
     for &size in &sizes {
         eprintln!("bench: {size}");
-        let result = measure_size(&args, size, &scratch)?;
-        print!("{}", size_table(size, &result, &args));
+        let result = measure_size(args, size, &scratch)?;
+        report.add(&size_table(size, &result, args));
         results.push((size, result));
     }
-    print!("{}", summary_table(&results, &args));
+    if !results.is_empty() {
+        report.add(&summary_table(&results, args));
+    }
+    let mut rows = Vec::new();
     if !args.no_dataplane {
-        let mut rows = Vec::new();
         for &services in &args.dataplane {
             eprintln!("bench: data plane at {services} services");
             // The data-plane lab's own node and cluster CIDR (its client counts as a pod on
@@ -283,9 +406,19 @@ pub fn run(args: &BenchArgs) -> Result<(), BenchError> {
             let iptables = |state: &ClusterState, last: &nftproxy::model::NamespacedName| {
                 upstream::iptables_restore(state, dataplane::NODE, dataplane::CLUSTER_CIDR, last)
             };
+            let kube_proxy = |lab: &mut crate::lab::Lab, state: &ClusterState| {
+                head_to_head::kube_proxy_ruleset(
+                    lab,
+                    dataplane::NODE,
+                    state,
+                    dataplane::SERVICE_CIDR,
+                    dataplane::CLUSTER_CIDR,
+                )
+                .map_err(|e| e.to_string())
+            };
             rows.extend(dataplane::compare(
                 services,
-                &iptables,
+                &dataplane::Sources { iptables: &iptables, kube_proxy_nftables: &kube_proxy },
                 &dataplane::Trials {
                     rulesets: &args.rulesets,
                     rounds: args.rounds,
@@ -294,7 +427,7 @@ pub fn run(args: &BenchArgs) -> Result<(), BenchError> {
                 },
             )?);
         }
-        print!("{}", dataplane_table(&rows));
+        report.add(&dataplane_table(&rows));
         if args.quick {
             for row in &rows {
                 if row.connections == 0 || row.failures > 0 {
@@ -306,7 +439,160 @@ pub fn run(args: &BenchArgs) -> Result<(), BenchError> {
             }
         }
     }
+    if !args.no_head_to_head {
+        let plan = args.head_to_head_plan()?;
+        if !plan.sizes.is_empty() && !plan.proxies.is_empty() {
+            let results = head_to_head::run(&plan, record, report)?;
+            report.add(&head_to_head::headline(&results, &plan, &rows));
+            if args.quick {
+                head_to_head::check(&results)?;
+            }
+        }
+    }
     Ok(())
+}
+
+/// On Ctrl-C or SIGTERM a run of hours must not leave its control plane, proxies and
+/// namespaces behind (drop handlers do not run on a signal): this kills, by PID, the processes
+/// this one started (`ip netns exec` runs each as this process's child), deletes its lab
+/// namespaces, and exits.
+fn stop_children_on_signal() {
+    use signal_hook::consts::{SIGINT, SIGTERM};
+    let Ok(mut signals) = signal_hook::iterator::Signals::new([SIGINT, SIGTERM]) else { return };
+    std::thread::spawn(move || {
+        let Some(signal) = signals.forever().next() else { return };
+        let me = std::process::id();
+        let children = std::fs::read_dir("/proc").into_iter().flatten().flatten().filter_map(|e| {
+            let pid: i32 = e.file_name().to_str()?.parse().ok()?;
+            let stat = std::fs::read_to_string(e.path().join("stat")).ok()?;
+            let ppid: u32 = stat.rsplit_once(')')?.1.split_whitespace().nth(1)?.parse().ok()?;
+            (ppid == me).then_some(pid)
+        });
+        for pid in children.collect::<Vec<_>>() {
+            let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGKILL);
+        }
+        let listed = Command::new("ip").args(["netns", "list"]).output();
+        let mine = format!("-{me}-");
+        for line in listed.map(|o| String::from_utf8_lossy(&o.stdout).into_owned()).unwrap_or_default().lines() {
+            let name = line.split_whitespace().next().unwrap_or("");
+            if name.starts_with("nftp-") && name.contains(&mine) {
+                let _ = Command::new("ip").args(["netns", "delete", name]).output();
+            }
+        }
+        eprintln!("bench: interrupted; the processes it started and its namespaces were removed");
+        std::process::exit(128 + signal);
+    });
+}
+
+/// The Markdown a run prints, kept for its results file.
+#[derive(Debug, Default)]
+pub struct Report {
+    text: String,
+}
+
+impl Report {
+    /// Prints `section` and keeps it.
+    pub fn add(&mut self, section: &str) {
+        print!("{section}");
+        let _ = std::io::Write::flush(&mut std::io::stdout());
+        self.text.push_str(section);
+    }
+}
+
+/// Where a run's results file and plots go: `DIR/DATE.md`, or `DIR/DATE-HHMM.md` when the
+/// day already has one (UTC), plots beside it named after it.
+#[derive(Debug, Clone)]
+pub struct Record {
+    dir: PathBuf,
+    stem: String,
+    /// The run's start, `YYYY-MM-DD HH:MM` UTC.
+    started: String,
+}
+
+/// The source tree's results directory (this crate is its `tools/`).
+fn docs_results() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/performance/results")
+}
+
+impl Record {
+    fn new(args: &BenchArgs) -> Result<Record, BenchError> {
+        let dir = match &args.results {
+            Some(dir) => dir.clone(),
+            None if args.quick && !args.record => std::env::temp_dir().join("nftproxy-bench-quick"),
+            None => {
+                let dir = docs_results();
+                if !dir.is_dir() {
+                    return Err(BenchError::Worker(format!(
+                        "{} does not exist (the binary was built from another tree): pass --results DIR",
+                        dir.display()
+                    )));
+                }
+                dir
+            }
+        };
+        std::fs::create_dir_all(&dir)?;
+        let now = humantime::format_rfc3339_seconds(std::time::SystemTime::now()).to_string();
+        let (date, hhmm) = (&now[..10], format!("{}{}", &now[11..13], &now[14..16]));
+        let stem = if dir.join(format!("{date}.md")).exists() { format!("{date}-{hhmm}") } else { date.to_string() };
+        Ok(Record { dir, stem, started: format!("{date} {}:{}", &now[11..13], &now[14..16]) })
+    }
+
+    /// The results file.
+    pub fn results(&self) -> PathBuf {
+        self.dir.join(format!("{}.md", self.stem))
+    }
+
+    /// A file beside the results file (`DATE[-HHMM]-<suffix>`).
+    pub fn file(&self, suffix: &str) -> PathBuf {
+        self.dir.join(format!("{}-{suffix}", self.stem))
+    }
+
+    /// How the results file links to `path`: by name when it is beside it.
+    pub fn link(&self, path: &Path) -> String {
+        match (path.parent(), path.file_name()) {
+            (Some(dir), Some(name)) if dir == self.dir => name.to_string_lossy().into_owned(),
+            _ => path.display().to_string(),
+        }
+    }
+
+    /// The results file's head: the command, the commit, the machine.
+    fn header(&self, args: &BenchArgs) -> String {
+        let command: Vec<String> = std::env::args().skip(1).collect();
+        let profile = if cfg!(debug_assertions) { "debug" } else { "release" };
+        let mut out = format!(
+            "# {} UTC: `nftproxy {}`\n\n{}; {profile} build. {}",
+            self.started,
+            command.join(" "),
+            commit(),
+            machine()
+        );
+        if let Some(note) = &args.note {
+            out.push_str(&format!("\n{note}\n"));
+        }
+        out
+    }
+}
+
+/// The commit of the source tree the binary was built from, as git sees it now.
+fn commit() -> String {
+    let repo = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let git = |args: &[&str]| {
+        Command::new("git")
+            .arg("-C")
+            .arg(&repo)
+            .args(args)
+            .output()
+            .ok()
+            .filter(|o| o.status.success())
+            .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+    };
+    match git(&["log", "-1", "--format=%h (%cs)"]) {
+        Some(head) => {
+            let dirty = git(&["status", "--porcelain", "--untracked-files=no"]).is_some_and(|s| !s.is_empty());
+            format!("Commit {head}{}", if dirty { " with uncommitted changes" } else { "" })
+        }
+        None => "Commit unknown (no git tree)".into(),
+    }
 }
 
 /// Parses `SERVICESxENDPOINTS` (e.g. `10000x10`).
@@ -459,7 +745,8 @@ fn machine() -> String {
         .ok()
         .and_then(|m| m.lines().next().map(|l| l.split_whitespace().nth(1).unwrap_or("0").parse::<u64>().unwrap_or(0)))
         .unwrap_or(0);
-    format!("Machine: {cpu}, {cores} cores, {} GiB RAM, Linux {kernel}, {nft}\n", mem / 1024 / 1024)
+    let iptables = tool_output("iptables", &["--version"]);
+    format!("Machine: {cpu}, {cores} cores, {} GiB RAM, Linux {kernel}, {nft}, {iptables}.\n", mem / 1024 / 1024)
 }
 
 fn tool_output(program: &str, args: &[&str]) -> String {
