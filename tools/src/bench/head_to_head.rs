@@ -287,8 +287,17 @@ fn one_size(plan: &Plan, size: Size, bins: &UpstreamBins, record: &Record) -> Re
     }
     let plot = if churn && figures.values().any(|f| f.churn.is_some()) {
         let path = record.file(&format!("head-to-head-churn-{}x{}.svg", size.services, size.endpoints));
-        let series: Vec<(String, &Churn)> =
-            figures.iter().filter_map(|(p, f)| Some((p.to_string(), f.churn.as_ref()?))).collect();
+        let series: Vec<super::plot::ChurnSeries<'_>> = figures
+            .iter()
+            .filter_map(|(p, f)| {
+                let c = f.churn.as_ref()?;
+                Some(super::plot::ChurnSeries {
+                    name: p.to_string(),
+                    latency_samples: &c.latency_samples,
+                    samples: &c.samples,
+                })
+            })
+            .collect();
         super::plot::head_to_head_churn(
             &path,
             &format!(

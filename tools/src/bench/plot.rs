@@ -67,23 +67,28 @@ pub fn churn(
 /// The colours of the proxies, in the order given.
 const COLOURS: [RGBColor; 4] = [BLUE, RED, RGBColor(0, 150, 0), MAGENTA];
 
+/// One proxy's line in the head-to-head's churn plot.
+pub struct ChurnSeries<'a> {
+    pub name: String,
+    /// (minutes since the start, p50 ms, p99 ms) per sampling interval.
+    pub latency_samples: &'a [(f64, f64, f64)],
+    /// (minutes since the start, CPU % of one core, RSS MiB).
+    pub samples: &'a [(f64, f64, f64)],
+}
+
 /// The head-to-head's churn plot: for each proxy, API write → kernel commit per sampling
 /// interval (p50 solid, p99 dashed), and its CPU share and RSS per sample.
-pub fn head_to_head_churn(
-    path: &Path,
-    title: &str,
-    series: &[(String, &super::head_to_head::Churn)],
-) -> Result<(), BenchError> {
+pub fn head_to_head_churn(path: &Path, title: &str, series: &[ChurnSeries<'_>]) -> Result<(), BenchError> {
     let root = SVGBackend::new(path, (900, 1000)).into_drawing_area();
     root.fill(&WHITE).map_err(failed)?;
     let root = root.titled(title, ("sans-serif", 20)).map_err(failed)?;
     let panels = root.split_evenly((3, 1));
-    let end = series.iter().map(|(_, c)| c.samples.last().map_or(0.0, |s| s.0)).fold(0.1, f64::max);
+    let end = series.iter().map(|c| c.samples.last().map_or(0.0, |s| s.0)).fold(0.1, f64::max);
 
-    let per_minute = |c: &super::head_to_head::Churn, p99: bool| -> Vec<(f64, f64)> {
+    let per_minute = |c: &ChurnSeries<'_>, p99: bool| -> Vec<(f64, f64)> {
         c.latency_samples.iter().map(|&(t, p50, p99_)| (t, if p99 { p99_ } else { p50 })).collect()
     };
-    let top = series.iter().flat_map(|(_, c)| per_minute(c, true)).map(|p| p.1).fold(0.0, f64::max).max(1.0) * 1.15;
+    let top = series.iter().flat_map(|c| per_minute(c, true)).map(|p| p.1).fold(0.0, f64::max).max(1.0) * 1.15;
     let mut chart = ChartBuilder::on(&panels[0])
         .caption("API write → kernel commit, ms, per 10 s of writes (p50 solid, p99 dashed)", ("sans-serif", 16))
         .margin(10)
@@ -92,12 +97,12 @@ pub fn head_to_head_churn(
         .build_cartesian_2d(0f64..end, 0f64..top)
         .map_err(failed)?;
     chart.configure_mesh().x_desc("minute").draw().map_err(failed)?;
-    for (k, (name, c)) in series.iter().enumerate() {
+    for (k, c) in series.iter().enumerate() {
         let colour = COLOURS[k % COLOURS.len()];
         chart
             .draw_series(LineSeries::new(per_minute(c, false), colour.stroke_width(2)))
             .map_err(failed)?
-            .label(name.as_str())
+            .label(c.name.as_str())
             .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], colour.stroke_width(2)));
         chart.draw_series(DashedLineSeries::new(per_minute(c, true), 6, 4, colour.stroke_width(1))).map_err(failed)?;
     }
@@ -107,7 +112,7 @@ pub fn head_to_head_churn(
         [(&panels[1], "CPU, % of one core (children included)", 1usize), (&panels[2], "resident memory (MiB)", 2usize)]
     {
         let value = |s: &(f64, f64, f64)| if pick == 1 { s.1 } else { s.2 };
-        let top = series.iter().flat_map(|(_, c)| c.samples.iter().map(value)).fold(0.0, f64::max).max(1.0) * 1.15;
+        let top = series.iter().flat_map(|c| c.samples.iter().map(value)).fold(0.0, f64::max).max(1.0) * 1.15;
         let mut chart = ChartBuilder::on(panel)
             .caption(caption, ("sans-serif", 16))
             .margin(10)
@@ -116,12 +121,12 @@ pub fn head_to_head_churn(
             .build_cartesian_2d(0f64..end, 0f64..top)
             .map_err(failed)?;
         chart.configure_mesh().x_desc("minute").draw().map_err(failed)?;
-        for (k, (name, c)) in series.iter().enumerate() {
+        for (k, c) in series.iter().enumerate() {
             let colour = COLOURS[k % COLOURS.len()];
             chart
                 .draw_series(LineSeries::new(c.samples.iter().map(|s| (s.0, value(s))), colour.stroke_width(2)))
                 .map_err(failed)?
-                .label(name.as_str())
+                .label(c.name.as_str())
                 .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], colour.stroke_width(2)));
         }
         chart.configure_series_labels().border_style(BLACK).background_style(WHITE).draw().map_err(failed)?;
