@@ -21,6 +21,7 @@ mod installers;
 mod kube;
 mod netlink;
 mod observe;
+mod random;
 mod reconcile;
 mod reliability;
 mod selection;

@@ -36,6 +36,10 @@ enum Command {
     /// nftproxy and upstream kube-proxy v1.37 (nftables mode) one after the other through the
     /// same real API server: first sync, one endpoint change, peak RSS, idle CPU, side by side.
     HeadToHead(nftproxy_tools::bench::head_to_head::HeadToHeadArgs),
+    /// Randomised clusters through a real API server: upstream kube-proxy v1.37 (nftables
+    /// mode), nftproxy and `nftproxy explain` compared probe by probe; writes a dated results
+    /// file.
+    Random(nftproxy_tools::random::RandomArgs),
     /// One phase of the benchmark, inside a benchmark namespace (started by `bench`).
     #[command(hide = true)]
     BenchWorker(nftproxy_tools::bench::worker::WorkerArgs),
@@ -58,6 +62,7 @@ fn main() -> ExitCode {
         Command::Demo(args) => nftproxy_tools::demo::run(&args).map_err(|e| e.to_string()),
         Command::Bench(args) => nftproxy_tools::bench::run(&args).map_err(|e| e.to_string()),
         Command::HeadToHead(args) => nftproxy_tools::bench::head_to_head::run(&args),
+        Command::Random(args) => nftproxy_tools::random::run_cli(&args).map_err(|e| e.to_string()),
         Command::BenchWorker(args) => nftproxy_tools::bench::worker::run(&args).map_err(|e| e.to_string()),
         Command::Cluster { size, out, list } => write_cluster(&size, out.as_deref(), list),
     };
