@@ -333,6 +333,20 @@ pub fn send(probe: &Probe, predicted: &Prediction) -> Outcome {
             break;
         }
     }
+    // One answer late among many on a loaded machine is not a drop: asked again, a path that
+    // drops some connections shows it again.
+    if answers.len() >= 4 && errors.len() == 1 && errors.get("timed out") == Some(&1) {
+        let again: Vec<_> = (0..8).map(|_| rlab::ask(probe.protocol, target, TIMEOUT)).collect();
+        if again.iter().all(|(a, _)| a.is_ok()) {
+            errors.clear();
+        }
+        for (answer, socket) in again {
+            held.extend(socket);
+            if let Ok(a) = answer {
+                answers.push(a);
+            }
+        }
+    }
     drop(held);
     let own = probe.who.own();
     let endpoints: BTreeSet<Ipv4Addr> = answers.iter().filter_map(|a| v4(a.reached)).collect();
