@@ -131,6 +131,15 @@ pub fn build() -> Result<Lab, LabError> {
     }
     lab.add_client("client")?;
     lab.add_client("client2")?;
+    // Every reject is an ICMP error, and a seed's probes reject dozens at once: the node's
+    // token bucket for ICMP errors (per namespace; 50 at once, 1,000 a second) would hold some
+    // back, and a rejected probe would look dropped.
+    for ns in [&lab.node("node1").ns, &lab.node("node2").ns, &lab.wan] {
+        for (key, value) in [("icmp_msgs_per_sec", "1000000"), ("icmp_msgs_burst", "100000")] {
+            let path = format!("/proc/sys/net/ipv4/{key}");
+            ns.run(move || std::fs::write(&path, value))??;
+        }
+    }
     let node_ip = |name: &str| lab.node(name).ip.to_string();
     for pod in pooled() {
         let Some(pool) = pod.pool else { continue };

@@ -163,6 +163,9 @@ pub fn report_markdown(report: &Report, seeds: &str, date: &str) -> String {
         report.total.as_secs_f64(),
         report.setup.as_secs_f64()
     );
+    if let Some(logs) = &report.logs {
+        let _ = writeln!(out, "| proxies' logs (this machine) | `{}` |", logs.display());
+    }
     for (proxy, start) in &report.starts {
         let _ = writeln!(out, "| {} healthy after start | {:.1} s |", proxy.name(), start.as_secs_f64());
     }

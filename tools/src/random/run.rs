@@ -128,6 +128,8 @@ pub struct Report {
     /// Each proxy's start until healthy.
     pub starts: Vec<(Proxy, Duration)>,
     pub total: Duration,
+    /// Where the proxies' logs were kept (when anything differed).
+    pub logs: Option<PathBuf>,
 }
 
 /// The lab, its control plane and the proxies' configuration.
@@ -230,7 +232,7 @@ impl Cluster {
         let child = command
             .arg(format!("--config={}", self.config.display()))
             .stdout(Stdio::null())
-            .stderr(std::fs::File::create(&log)?)
+            .stderr(std::fs::OpenOptions::new().create(true).append(true).open(&log)?)
             .spawn()?;
         let running = Running { child: Some(child), proxy, log };
         let healthz: SocketAddr = ([127, 0, 0, 1], 10256).into();
@@ -583,6 +585,17 @@ pub fn run(options: &Options) -> Result<Report, RandomError> {
     report.minimised = minimise_all(&cluster, &scenarios, &report.differences, options)?;
     runs.iter_mut().for_each(|r| r.probes.shrink_to_fit());
     report.seeds = runs;
+    if !report.differences.is_empty() {
+        // The proxies' logs outlive the lab when something differed: a difference that does
+        // not show again is read from them.
+        let kept = std::env::temp_dir().join(format!("nftproxy-random-logs-{}", std::process::id()));
+        std::fs::create_dir_all(&kept)?;
+        for proxy in [Proxy::KubeProxy, Proxy::Nftproxy] {
+            let name = format!("{}.log", proxy.name());
+            let _ = std::fs::copy(cluster.dir.path().join(&name), kept.join(&name));
+        }
+        report.logs = Some(kept);
+    }
     report.total = began.elapsed();
     Ok(report)
 }
