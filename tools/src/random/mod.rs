@@ -55,7 +55,8 @@ pub struct RandomArgs {
     /// Candidate scenarios tried at most while minimising one difference.
     #[arg(long, default_value_t = 60)]
     pub minimise_budget: usize,
-    /// Where to write the dated results file (`random-YYYY-MM-DD.md`).
+    /// Where to write the dated results file (`random-YYYY-MM-DD.md`, then `-2`, `-3`, … for
+    /// later runs that day).
     #[arg(long, default_value = "docs/differential")]
     pub out_dir: PathBuf,
 }
@@ -86,7 +87,14 @@ pub fn run_cli(args: &RandomArgs) -> Result<(), RandomError> {
     let text = report_markdown(&report, &args.seeds, &date[..10]);
     print!("{text}");
     std::fs::create_dir_all(&args.out_dir)?;
-    let path = args.out_dir.join(format!("random-{}.md", &date[..10]));
+    // A second run on one day gets its own file: results are records, never overwritten.
+    let path = (1..)
+        .map(|n| match n {
+            1 => args.out_dir.join(format!("random-{}.md", &date[..10])),
+            n => args.out_dir.join(format!("random-{}-{n}.md", &date[..10])),
+        })
+        .find(|p| !p.exists())
+        .unwrap_or_else(|| args.out_dir.join("random.md"));
     std::fs::write(&path, &text)?;
     eprintln!("written to {}", path.display());
     let unlisted = unlisted(&report);
