@@ -22,6 +22,7 @@ mod installers;
 mod kube;
 mod netlink;
 mod observe;
+mod random;
 mod reconcile;
 mod reliability;
 mod selection;

@@ -9,8 +9,10 @@ pub mod bench;
 pub mod cluster;
 pub mod controlplane;
 pub mod demo;
+pub mod differences;
 pub mod lab;
 pub mod netfilter;
+pub mod random;
 
 use std::path::PathBuf;
 

@@ -37,6 +37,10 @@ enum Command {
     /// after the other through the same real API server, side by side: `bench` with only its
     /// head-to-head (`--h2h-*` options; `--head-to-head SIZES` is implied by `--h2h-sizes`).
     HeadToHead(Box<nftproxy_tools::bench::BenchArgs>),
+    /// Randomised clusters through a real API server: upstream kube-proxy v1.37 (nftables
+    /// mode), nftproxy and `nftproxy explain` compared probe by probe; writes a dated results
+    /// file.
+    Random(nftproxy_tools::random::RandomArgs),
     /// One phase of the benchmark, inside a benchmark namespace (started by `bench`).
     #[command(hide = true)]
     BenchWorker(nftproxy_tools::bench::worker::WorkerArgs),
@@ -64,6 +68,7 @@ fn main() -> ExitCode {
             }
             nftproxy_tools::bench::run(&args).map_err(|e| e.to_string())
         }
+        Command::Random(args) => nftproxy_tools::random::run_cli(&args).map_err(|e| e.to_string()),
         Command::BenchWorker(args) => nftproxy_tools::bench::worker::run(&args).map_err(|e| e.to_string()),
         Command::Cluster { size, out, list } => write_cluster(&size, out.as_deref(), list),
     };
