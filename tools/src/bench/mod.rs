@@ -454,8 +454,8 @@ fn run_parts(args: &BenchArgs, record: &Record, report: &mut Report) -> Result<(
 
 /// On Ctrl-C or SIGTERM a run of hours must not leave its control plane, proxies and
 /// namespaces behind (drop handlers do not run on a signal): this kills, by PID, the processes
-/// this one started (`ip netns exec` runs each as this process's child), deletes its lab
-/// namespaces, and exits.
+/// this one started (`ip netns exec` runs each as this process's child) and the process groups
+/// they lead, deletes its lab namespaces, and exits.
 fn stop_children_on_signal() {
     use signal_hook::consts::{SIGINT, SIGTERM};
     let Ok(mut signals) = signal_hook::iterator::Signals::new([SIGINT, SIGTERM]) else { return };
@@ -469,7 +469,10 @@ fn stop_children_on_signal() {
             (ppid == me).then_some(pid)
         });
         for pid in children.collect::<Vec<_>>() {
-            let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGKILL);
+            let pid = nix::unistd::Pid::from_raw(pid);
+            // The proxies lead process groups of their own, with their children in them.
+            let _ = nix::sys::signal::killpg(pid, nix::sys::signal::Signal::SIGKILL);
+            let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGKILL);
         }
         let listed = Command::new("ip").args(["netns", "list"]).output();
         let mine = format!("-{me}-");

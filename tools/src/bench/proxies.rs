@@ -91,6 +91,8 @@ pub struct Running {
     pub started: Instant,
     node: String,
     log: PathBuf,
+    /// Waited for: its PID may be another process's now.
+    reaped: bool,
 }
 
 impl Running {
@@ -108,14 +110,16 @@ impl Running {
             command.arg("run");
         }
         let started = Instant::now();
-        let child = command
+        // A process group of its own: upstream's `nft` and `iptables-restore` children are
+        // stopped with it (an `iptables-restore` of 44,000 services outlives a killed parent).
+        let child = std::os::unix::process::CommandExt::process_group(&mut command, 0)
             .arg(format!("--config={}", config.display()))
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(std::fs::File::create(log)?)
             .spawn()
             .map_err(|e| BenchError::Tool(binary.display().to_string(), e.to_string()))?;
-        Ok(Running { proxy, child, started, node: node.name().to_string(), log: log.to_path_buf() })
+        Ok(Running { proxy, child, started, node: node.name().to_string(), log: log.to_path_buf(), reaped: false })
     }
 
     /// The process id (`ip netns exec` execs the proxy itself).
@@ -151,8 +155,8 @@ impl Running {
             if self.last_sync().is_some_and(|t| t > 0.0) {
                 return Ok(self.started.elapsed());
             }
-            if let Ok(Some(status)) = self.child.try_wait() {
-                return Err(self.failure(&format!("exited with {status} before its first sync")));
+            if self.exited() {
+                return Err(self.failure("exited before its first sync"));
             }
             if Instant::now() > deadline {
                 return Err(self.failure(&format!("no first sync within {}", humantime::format_duration(timeout))));
@@ -200,29 +204,45 @@ impl Running {
         status_kib(self.pid(), "VmHWM:") * 1024
     }
 
-    /// Stops it as a DaemonSet rollout does (SIGTERM; SIGKILL after 10 s) and reaps it. Both
-    /// proxies leave their rules in place.
+    /// Stops it as a DaemonSet rollout does (SIGTERM; SIGKILL after 10 s) and reaps it, and
+    /// whatever of its process group is left. Both proxies leave their rules in place.
     pub fn stop(mut self) {
         let pid = nix::unistd::Pid::from_raw(self.child.id() as i32);
         let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM);
         let deadline = Instant::now() + Duration::from_secs(10);
-        while Instant::now() < deadline {
-            if matches!(self.child.try_wait(), Ok(Some(_))) {
-                return;
-            }
+        while Instant::now() < deadline && !self.exited() {
             std::thread::sleep(Duration::from_millis(20));
         }
+        self.kill_group();
+    }
+
+    /// Whether it has exited, without reaping it: until it is reaped its PID (its process
+    /// group's ID) cannot be another process's.
+    fn exited(&self) -> bool {
+        use nix::sys::wait::{Id, WaitPidFlag, WaitStatus, waitid};
+        if self.reaped {
+            return true;
+        }
+        let flags = WaitPidFlag::WEXITED | WaitPidFlag::WNOHANG | WaitPidFlag::WNOWAIT;
+        !matches!(waitid(Id::Pid(nix::unistd::Pid::from_raw(self.child.id() as i32)), flags), Ok(WaitStatus::StillAlive))
+    }
+
+    /// SIGKILL to its process group (itself and the children it started), then reaps it.
+    fn kill_group(&mut self) {
+        if self.reaped {
+            return;
+        }
+        let pid = nix::unistd::Pid::from_raw(self.child.id() as i32);
+        let _ = nix::sys::signal::killpg(pid, nix::sys::signal::Signal::SIGKILL);
         let _ = self.child.kill();
         let _ = self.child.wait();
+        self.reaped = true;
     }
 }
 
 impl Drop for Running {
     fn drop(&mut self) {
-        if matches!(self.child.try_wait(), Ok(None)) {
-            let _ = self.child.kill();
-            let _ = self.child.wait();
-        }
+        self.kill_group();
     }
 }
 
