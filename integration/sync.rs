@@ -411,3 +411,37 @@ fn an_object_that_cannot_change_in_place_rebuilds_the_table_in_one_transaction()
     assert_eq!(ops[0], "delete table ip nftproxy", "{ops:#?}");
     assert!(diff(&k.state, &r.desired()).is_empty());
 }
+
+/// An affinity port grows past its slots into slot groups no endpoint is in yet, while its map
+/// shard is past its load: the empty groups' windows go to a shard no endpoint uses, whose maps
+/// the group chains name all the same. (Found by the randomised clusters: a 1,252-endpoint
+/// Service whose second EndpointSlice came a sync after its first; the kernel refused
+/// `add rule … _g5` with ENOENT, and the Service was left out.)
+#[test]
+fn an_affinity_port_growing_into_empty_slot_groups_gets_the_maps_they_name() {
+    let kernel = SharedFake::default();
+    let mut r = proxy(&kernel);
+    // svc3 has ClientIP affinity.
+    r.replace_state(cluster::state(Size { services: 4, endpoints: 1 }));
+    check(&mut r, &kernel, "initial");
+    // 1,000 endpoints: 1,250 slots in 5 groups of 255, every window in map shard 0.
+    change(&mut r, |s| {
+        s.upsert_slice(cluster::slice(3, 1000, 0));
+    });
+    check(&mut r, &kernel, "1,000 endpoints");
+    // 1,252: 1,565 slots in 7 groups. The new endpoints take the free slots of groups 3 and 4,
+    // so shard 0 holds 1,252 endpoints (past its load) and groups 5 and 6 are new and empty.
+    change(&mut r, |s| {
+        s.upsert_slice(cluster::slice(3, 1252, 0));
+    });
+    let ops = check(&mut r, &kernel, "1,252 endpoints");
+    assert!(r.syncer.excluded().is_empty(), "refused: {:?}", r.syncer.excluded());
+    assert!(ops.iter().any(|o| o.starts_with("add chain") && o.contains("_g6")), "{ops:#?}");
+    assert!(ops.iter().any(|o| o == "add set ip nftproxy affinity-endpoints-1"), "{ops:#?}");
+    // Back down: the groups and their shard go.
+    change(&mut r, |s| {
+        s.upsert_slice(cluster::slice(3, 10, 0));
+    });
+    let ops = check(&mut r, &kernel, "10 endpoints");
+    assert!(ops.iter().any(|o| o == "delete set ip nftproxy affinity-endpoints-1"), "{ops:#?}");
+}

@@ -20,7 +20,7 @@ use super::delta::{View, ViewTable};
 use crate::model::{NamespacedName, ServiceSnapshot};
 use crate::net::{FamilyMap, IpFamily};
 use crate::nft::ast::Owner;
-use crate::nft::wire::{WireData, WireElement, WireKey, WireSet, WireTable};
+use crate::nft::wire::{SetElements, WireData, WireElement, WireKey, WireSet, WireTable};
 use crate::plan::placement::Placed;
 use crate::plan::{ConntrackTarget, HealthCheck, PlanStats, SharedSet, WireFragment};
 
@@ -301,9 +301,11 @@ impl Programmed {
             for (set, elements) in &fragment.shared {
                 if set.on_demand() {
                     // Claims, not kernel elements: a contested key counts once per claimant,
-                    // and the map exists while anyone claims anything in it.
+                    // and the map exists while anyone claims anything in it or names it (one
+                    // more per service whose fragment has it: its rules name it).
                     let entry = self.maps.entry((family, *set)).or_insert(0);
-                    let n = i64::try_from(*entry).unwrap_or(i64::MAX) + delta * elements.len() as i64;
+                    let uses = i64::try_from(elements.len()).unwrap_or(i64::MAX).saturating_add(1);
+                    let n = i64::try_from(*entry).unwrap_or(i64::MAX) + delta * uses;
                     *entry = usize::try_from(n.max(0)).unwrap_or(0);
                     // A balancing map outlives its last element, with its rule: a count that
                     // comes back (an endpoint added, then removed again) is elements again
@@ -457,7 +459,12 @@ impl Programmed {
                 self.count_claims(name, fragments, 1);
                 self.put(name.clone(), Some(service.clone()));
                 want_of[i] = Some(wants.len());
-                wants.push(fragments.map(|_, f| WireFragment { own: f.own.clone(), shared: BTreeMap::new() }));
+                // The maps its rules name, each created (if new) in the same diff as the rules:
+                // the touched keys below fill them.
+                wants.push(fragments.map(|_, f| WireFragment {
+                    own: f.own.clone(),
+                    shared: f.shared.keys().map(|set| (*set, SetElements::default())).collect(),
+                }));
             }
         }
 

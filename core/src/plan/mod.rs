@@ -187,13 +187,20 @@ pub struct Fragment {
     /// The service's own chains and sets (service, local, external and firewall chains,
     /// affinity slot sets, source ranges), in a table of the right family and name.
     pub own: Table,
-    /// Its elements of the shared sets and maps.
+    /// Its elements of the shared sets and maps, and the maps its rules name (an entry,
+    /// possibly without elements).
     pub shared: SharedElements,
 }
 
 impl Fragment {
     fn new(family: IpFamily, table: &str) -> Fragment {
         Fragment { own: Table::new(family, table, None), shared: SharedElements::new() }
+    }
+
+    /// Notes that the service's rules name a shared set, with or without elements of its own
+    /// in it: a set created on demand exists while any service names it.
+    fn names(&mut self, set: SharedSet) {
+        self.shared.entry(set).or_default();
     }
 
     /// Adds an element to a shared set (a later one with the same key replaces it).

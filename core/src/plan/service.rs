@@ -385,6 +385,13 @@ impl<'a> PortPlan<'a> {
             )
         };
         let name = |set: SharedSet| set.name().into_owned();
+        // The rules name every group's maps, and the split's, whether or not an endpoint of
+        // this port is in them: a window with no endpoint (an empty slot group, the split) can
+        // sit in a shard no endpoint uses, and its maps must exist as long as the rules do.
+        groups.iter().flat_map(|w| SharedSet::affinity_shard(w.shard)).for_each(|set| table.names(set));
+        if let Some(split) = split {
+            table.names(SharedSet::SlotWindows(split.shard));
+        }
         let l4proto = Stmt::Cmp { sel: Selector::L4Proto, op: CmpOp::Eq, value: Value::Proto(self.sp.name.protocol) };
         let clients = names::affinity_set(&self.base);
         let slot_number = |j: usize| u32::try_from(j).unwrap_or(u32::MAX);
