@@ -339,6 +339,40 @@ fn a_node_cut_off_service_cidrs_and_a_thousand_services() {
     );
     eprintln!("caught up {:.1} s after the API server was reachable again", back.elapsed().as_secs_f64());
     cp.set_pod_ready("web-2", pod_ip(lab, "web-2"), true).unwrap();
+    assert!(lab.eventually(within, || tcp("10.96.0.10:80") == all), "{}", lab.proxy_log());
+
+    // 1b. The API server's end of every connection node1 has vanishes without a reset (a load
+    //     balancer failing over): those connections go silent, new ones pass. A change made
+    //     meanwhile arrives once the silent watches are given up (75 s without a byte: the API
+    //     server sends each watch a bookmark about once a minute), not after a watch's whole
+    //     timeout (295 s).
+    let peer = format!("{}:{}", cp.ip, nftproxy_tools::controlplane::API_PORT);
+    let listed = node1.exec("ss", &["-Htn", "state", "established", "dst", &peer]).expect("ss");
+    let ports: Vec<String> = String::from_utf8_lossy(&listed.stdout)
+        .lines()
+        .filter_map(|line| Some(line.split_whitespace().nth(2)?.rsplit_once(':')?.1.to_string()))
+        .collect();
+    assert!(!ports.is_empty(), "nftproxy's connections to the API server: {listed:?}");
+    let ports = ports.join(", ");
+    let vanish = lab.write(
+        "vanish.nft",
+        &format!(
+            "table inet vanished-peer {{\n\
+             chain out {{ type filter hook output priority 0; ip daddr {cp} tcp dport {api} tcp sport {{ {ports} }} drop; }}\n\
+             chain in {{ type filter hook input priority 0; ip saddr {cp} tcp sport {api} tcp dport {{ {ports} }} drop; }}\n}}\n",
+            cp = cp.ip,
+            api = nftproxy_tools::controlplane::API_PORT,
+        ),
+    );
+    node1.exec("nft", &["-f", vanish.to_str().unwrap()]).expect("silence node1's connections");
+    let silenced = Instant::now();
+    cp.set_pod_ready("web-2", pod_ip(lab, "web-2"), false).unwrap();
+    let arrived = lab.eventually(Duration::from_secs(150), || tcp("10.96.0.10:80") == set(&["web-1", "web-3"]));
+    let took = silenced.elapsed();
+    node1.exec("nft", &["delete", "table", "inet", "vanished-peer"]).expect("restore node1's connections");
+    assert!(arrived, "the change made after the peer vanished never arrived:\n{}", lab.proxy_log());
+    eprintln!("a change made after the API server's end vanished arrived {:.1} s later", took.as_secs_f64());
+    cp.set_pod_ready("web-2", pod_ip(lab, "web-2"), true).unwrap();
 
     // 2. A second ServiceCIDR, added and removed through the API: traffic to its unallocated
     //    addresses is dropped while it exists (from a pod, forwarded through node1), and goes

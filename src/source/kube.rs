@@ -65,8 +65,17 @@ pub(crate) async fn client(kubeconfig: Option<&str>, master: Option<&str>) -> Re
     if let Some(master) = master {
         config.cluster_url = master.parse().map_err(|_| KubeSourceError::Master(master.to_string()))?;
     }
+    config.read_timeout = Some(READ_TIMEOUT);
     Ok(Client::try_from(config)?)
 }
+
+/// The longest a connection may stay silent before it counts as dead and is replaced. The API
+/// server sends every watch a bookmark about once a minute, so a live watch is never this
+/// quiet; a watch whose peer vanished without a reset (a load balancer failing over, a node
+/// cut off) is given up after this long rather than kube-rs's idle limit of the watch's whole
+/// timeout (290 s + 5 s), and resumes from its last resource version. client-go's HTTP/2 pings
+/// give up after about 45 s.
+const READ_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(75);
 
 fn namespaced<K: HasMeta>(obj: &K) -> NamespacedName {
     let meta = obj.meta();
