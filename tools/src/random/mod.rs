@@ -100,7 +100,7 @@ pub fn run_cli(args: &RandomArgs) -> Result<(), RandomError> {
     let unlisted = unlisted(&report);
     if !unlisted.is_empty() {
         return Err(RandomError::Cluster(format!(
-            "{} difference(s) listed neither as deliberate nor as open",
+            "{} difference(s) not listed as deliberate",
             unlisted.len()
         )));
     }
@@ -155,7 +155,7 @@ pub fn report_markdown(report: &Report, seeds: &str, date: &str) -> String {
     );
     let _ = writeln!(
         out,
-        "| differences | {} on {} seeds ({} listed neither as deliberate nor as open) |",
+        "| differences | {} on {} seeds ({} not listed as deliberate) |",
         report.differences.len(),
         report.differences.iter().map(|d| d.seed).collect::<std::collections::BTreeSet<_>>().len(),
         unlisted(report).len()
