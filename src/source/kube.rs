@@ -66,6 +66,10 @@ pub(crate) async fn client(kubeconfig: Option<&str>, master: Option<&str>) -> Re
         config.cluster_url = master.parse().map_err(|_| KubeSourceError::Master(master.to_string()))?;
     }
     config.read_timeout = Some(READ_TIMEOUT);
+    // A request's write restarts the clock: a connection idle in the pool for a minute still
+    // gives a LIST its whole limit for the first byte (nftproxy has no exec or attach sessions,
+    // whose pings would hide a dead peer).
+    config.reset_reader_on_write = true;
     Ok(Client::try_from(config)?)
 }
 
@@ -74,7 +78,8 @@ pub(crate) async fn client(kubeconfig: Option<&str>, master: Option<&str>) -> Re
 /// quiet; a watch whose peer vanished without a reset (a load balancer failing over, a node
 /// cut off) is given up after this long rather than kube-rs's idle limit of the watch's whole
 /// timeout (290 s + 5 s), and resumes from its last resource version. client-go's HTTP/2 pings
-/// give up after about 45 s.
+/// give up after about 45 s. An API server without a watch cache sends no bookmarks: there a
+/// quiet watch is re-established every 75 s, from its last resource version.
 const READ_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(75);
 
 fn namespaced<K: HasMeta>(obj: &K) -> NamespacedName {

@@ -142,9 +142,10 @@ pub(super) struct Programmed {
     /// How many services claim each `hairpin-endpoints` key, by its address (one per endpoint):
     /// a pod behind two services is legitimate, and the element is the same whoever claims it.
     hairpins: HairpinCounts,
-    /// Claimed elements per set created on demand (endpoint and balancing maps): an endpoint
-    /// map exists while it holds any; a balancing map from the first element it holds while
-    /// this process runs (an entry at zero: emptied, kept).
+    /// Uses of each set created on demand (endpoint and balancing maps): its claimed elements,
+    /// and one per service whose rules name it. An endpoint map exists while it has any use; a
+    /// balancing map (named by the infrastructure's rules, not a service's) from the first
+    /// element it holds while this process runs (an entry at zero: emptied, kept).
     maps: HashMap<(IpFamily, SharedSet), usize>,
     /// The sum of the services' counts, kept as services come and go (a sync reports it, and
     /// summing 44,000 services per sync would cost more than the sync).
@@ -267,7 +268,7 @@ impl Programmed {
     }
 
     /// The shared sets that exist now in a family: the infrastructure's and the maps created on
-    /// demand that hold elements.
+    /// demand that are in use (see `maps`).
     fn shared_sets(&self, family: IpFamily) -> BTreeSet<SharedSet> {
         let infrastructure = self.infrastructure.get(family).into_iter().flat_map(|t| t.sets.keys());
         infrastructure
@@ -302,7 +303,8 @@ impl Programmed {
                 if set.on_demand() {
                     // Claims, not kernel elements: a contested key counts once per claimant,
                     // and the map exists while anyone claims anything in it or names it (one
-                    // more per service whose fragment has it: its rules name it).
+                    // more per service whose fragment has it: an endpoint map's entry is there
+                    // because the service's rules name it; a balancing map's only with elements).
                     let entry = self.maps.entry((family, *set)).or_insert(0);
                     let uses = i64::try_from(elements.len()).unwrap_or(i64::MAX).saturating_add(1);
                     let n = i64::try_from(*entry).unwrap_or(i64::MAX) + delta * uses;

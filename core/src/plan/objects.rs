@@ -230,9 +230,9 @@ impl SharedSet {
         matches!(self, SharedSet::EndpointMap(..) | SharedSet::SlotWindows(_) | SharedSet::SlotTargets(_))
     }
 
-    /// Whether the set is created by the first service that writes into it, rather than with
-    /// the infrastructure: an endpoint map is deleted with its last element, a balancing map
-    /// kept by the syncer while its process runs.
+    /// Whether the set is created by the first service that writes into it or names it, rather
+    /// than with the infrastructure: an endpoint map is deleted once no service's elements or
+    /// rules use it, a balancing map kept by the syncer while its process runs.
     pub fn on_demand(self) -> bool {
         matches!(
             self,

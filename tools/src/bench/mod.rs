@@ -452,13 +452,15 @@ fn run_parts(args: &BenchArgs, record: &Record, report: &mut Report) -> Result<(
     Ok(())
 }
 
-/// On Ctrl-C or SIGTERM a run of hours must not leave its control plane, proxies and
+/// On Ctrl-C, SIGTERM or SIGHUP a run of hours must not leave its control plane, proxies and
 /// namespaces behind (drop handlers do not run on a signal): this kills, by PID, the processes
 /// this one started (`ip netns exec` runs each as this process's child) and the process groups
 /// they lead, deletes its lab namespaces, and exits.
 fn stop_children_on_signal() {
-    use signal_hook::consts::{SIGINT, SIGTERM};
-    let Ok(mut signals) = signal_hook::iterator::Signals::new([SIGINT, SIGTERM]) else { return };
+    use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
+    // SIGHUP too: the proxies lead process groups of their own, so a terminal that hangs up no
+    // longer reaches them.
+    let Ok(mut signals) = signal_hook::iterator::Signals::new([SIGHUP, SIGINT, SIGTERM]) else { return };
     std::thread::spawn(move || {
         let Some(signal) = signals.forever().next() else { return };
         let me = std::process::id();
