@@ -270,12 +270,6 @@ impl Observer for AgentObserver {
                         self.metrics.network_programmed(family, latency);
                     }
                 }
-                if syncer.config().conntrack_cleanup {
-                    let mut table = KernelFlows::default();
-                    for pass in self.conntrack.reconcile(&mut table, &s.conntrack, &s.nodeports, index.state()) {
-                        self.metrics.conntrack.reconciled(pass.family, pass.took, pass.deleted);
-                    }
-                }
                 // The same health checks (one allocation while none changes) on the same
                 // addresses, all served: nothing to do, at any number of services.
                 let served = (Arc::clone(&s.health_checks), s.nodeports.clone(), families.clone());
@@ -300,6 +294,14 @@ impl Observer for AgentObserver {
                     self.health_served = failures.is_empty().then_some(served);
                     for f in failures {
                         self.notify(Notice::HealthCheckBindFailed { service: f.service, port: f.port, error: f.error });
+                    }
+                }
+                // After the health-check servers, as upstream: a sync's servers listen as soon as
+                // it is reported done, however long the conntrack table takes to read.
+                if syncer.config().conntrack_cleanup {
+                    let mut table = KernelFlows::default();
+                    for pass in self.conntrack.reconcile(&mut table, &s.conntrack, &s.nodeports, index.state()) {
+                        self.metrics.conntrack.reconciled(pass.family, pass.took, pass.deleted);
                     }
                 }
             }
