@@ -316,3 +316,94 @@ impl Drop for SetOnDrop<'_> {
         self.0.store(true, Ordering::Relaxed);
     }
 }
+
+/// What `iptables-legacy-save` (or `ip6tables-legacy-save`) prints on node1.
+fn legacy_save(lab: &ClusterLab, program: &str) -> String {
+    let out = lab.lab.node("node1").ns.exec(program, &[]).unwrap();
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// A kube-proxy that ran in iptables mode with the legacy backend (its image's iptables-wrapper
+/// picks the backend with more rules) leaves its chains in x_tables, out of nf_tables' sight:
+/// `check` reports them as a conflict with the commands that remove them, and `run` removes
+/// them right after the transaction of its first sync; kubelet's chains stay.
+#[test]
+fn kube_proxys_legacy_iptables_chains_go_right_after_the_first_sync() {
+    if skip_unless_privileged() {
+        return;
+    }
+    let lab = ClusterLab::new();
+    feed(&lab, "iptables-legacy-restore", &["--noflush"], IPTABLES);
+    feed(&lab, "ip6tables-legacy-restore", &["--noflush"], IP6TABLES);
+    assert_eq!(lab.ask("client", L4Proto::Tcp, "10.96.0.10:80").unwrap().backend, "web-1", "the legacy DNAT serves");
+
+    let out = lab.nftproxy(&["check"]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(1), "{text}");
+    assert!(text.contains("then: delete chain iptables-legacy filter KUBE-FORWARD (flushed first)"), "{text}");
+    let json = lab.nftproxy(&["check", "--output", "json"]);
+    let report: serde_json::Value = serde_json::from_slice(&json.stdout).unwrap();
+    let legacy: Vec<&serde_json::Value> =
+        report["findings"].as_array().unwrap().iter().filter(|f| f["kind"] == "kube-proxy-iptables-legacy").collect();
+    let nat = legacy.iter().find(|f| f["table"] == "iptables-legacy nat").expect("the nat table's finding");
+    assert_eq!(nat["severity"], "conflict");
+    for part in ["holds kube-proxy iptables-mode chains: KUBE-SERVICES", "PREROUTING -> KUBE-SERVICES"] {
+        assert!(nat["summary"].as_str().unwrap().contains(part), "{part}: {nat}");
+    }
+    for command in [
+        "iptables-legacy -t nat -D PREROUTING 1",
+        "iptables-legacy -t nat -X KUBE-SERVICES",
+        "iptables-legacy -t nat -X KUBE-SVC-WEB",
+    ] {
+        assert!(nat["remedy"].as_str().unwrap().contains(command), "{command}: {nat}");
+    }
+    let v6 = legacy.iter().find(|f| f["table"] == "ip6tables-legacy nat").expect("the ip6 nat table's finding");
+    assert!(v6["summary"].as_str().unwrap().contains("KUBE-SERVICES"), "{v6}");
+    assert!(!text.contains("KUBE-FIREWALL (flushed first)"), "kubelet's chain stays:\n{text}");
+
+    // A client connects all along: the legacy rules answer (web-1), then nftproxy's (web-2).
+    let manifests = cluster(&lab);
+    let stop = AtomicBool::new(false);
+    let (tally, proxy) = std::thread::scope(|s| {
+        let client = s.spawn(|| {
+            let mut all = nftproxy_tools::lab::traffic::Tally::default();
+            while !stop.load(Ordering::Relaxed) {
+                let t = lab.tally("client", L4Proto::Tcp, "10.96.0.10:80", 10);
+                for (k, v) in t.by_backend {
+                    *all.by_backend.entry(k).or_default() += v;
+                }
+                for (k, v) in t.errors {
+                    *all.errors.entry(k).or_default() += v;
+                }
+            }
+            all
+        });
+        let _stop_client = SetOnDrop(&stop);
+        std::thread::sleep(Duration::from_millis(200));
+        let proxy = lab.run_proxy(&manifests, &[]);
+        let switched = lab.eventually(Duration::from_secs(10), || {
+            lab.ask("client", L4Proto::Tcp, "10.96.0.10:80").is_ok_and(|a| a.backend == "web-2")
+        });
+        assert!(switched, "{}", lab.proxy_log());
+        std::thread::sleep(Duration::from_millis(300));
+        stop.store(true, Ordering::Relaxed);
+        (client.join().unwrap(), proxy)
+    });
+    assert_eq!(tally.failed(), 0, "connections failed during the takeover: {tally:?}\n{}", lab.proxy_log());
+    assert!(lab.proxy_log().contains("removed kube-proxy's iptables-legacy leftovers"), "{}", lab.proxy_log());
+
+    let v4 = legacy_save(&lab, "iptables-legacy-save");
+    for gone in ["KUBE-SERVICES", "KUBE-SVC-", "KUBE-SEP-", "KUBE-MARK-MASQ", "KUBE-POSTROUTING", "KUBE-FORWARD"] {
+        assert!(!v4.contains(gone), "{gone} is left:\n{v4}");
+    }
+    assert!(v4.contains(":KUBE-FIREWALL") && v4.contains("-A INPUT -j KUBE-FIREWALL"), "kubelet's chain stays:\n{v4}");
+    assert!(v4.contains("-A KUBE-FIREWALL ! -s 127.0.0.0/8"), "its rule too:\n{v4}");
+    let v6 = legacy_save(&lab, "ip6tables-legacy-save");
+    assert!(!v6.contains("KUBE-SERVICES"), "{v6}");
+
+    let json = lab.nftproxy(&["check", "--output", "json"]);
+    let report: serde_json::Value = serde_json::from_slice(&json.stdout).unwrap();
+    let kinds: Vec<&str> = report["findings"].as_array().unwrap().iter().filter_map(|f| f["kind"].as_str()).collect();
+    assert!(!kinds.contains(&"kube-proxy-iptables-legacy"), "{report}");
+    drop(proxy);
+}

@@ -14,8 +14,11 @@
 //! nftproxy's. A chain something else still jumps to (a rule of a regular chain that is not
 //! kube-proxy's) is kept, with the reason, since deleting it would fail the whole transaction.
 //!
-//! IPVS leftovers (virtual servers, the `kube-ipvs0` device, `KUBE-` ipsets) are not nftables
-//! objects: `run` removes them right after that transaction ([`crate::netlink::ipvs`]).
+//! IPVS leftovers (virtual servers, the `kube-ipvs0` device, `KUBE-` ipsets) and the same
+//! iptables chains written with the legacy backend (x_tables, which netlink for nf_tables cannot
+//! see or change) are not nftables objects: `run` removes them right after that transaction
+//! ([`crate::netlink::ipvs`], [`crate::netlink::xtables`]), as upstream's cleanup does with
+//! `iptables-legacy` when its image's iptables-wrapper picked that backend.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
@@ -24,6 +27,7 @@ use serde::Serialize;
 
 use crate::net::IpFamily;
 use crate::netlink::ipvs::IpvsLeftovers;
+use crate::netlink::xtables::{self, LegacyTable, Removal};
 use crate::netlink::{ChainInfo, Kernel, NetlinkError, RuleInfo, TABLE_F_OWNER, TableFamily, TableInfo};
 use crate::nft::ast::Owner;
 use crate::nft::diff::{Op, OpKind};
@@ -129,6 +133,34 @@ pub(crate) struct Leftovers {
     pub kept: Vec<Kept>,
     /// IPVS state, removed right after the transaction.
     pub ipvs: IpvsLeftovers,
+    /// kube-proxy's chains in iptables-legacy tables, removed right after the transaction.
+    pub legacy: Vec<LegacyLeftover>,
+}
+
+/// kube-proxy's leftovers in one iptables-legacy table.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub(crate) struct LegacyLeftover {
+    #[serde(serialize_with = "family_name")]
+    pub family: IpFamily,
+    pub table: String,
+    /// Its chains (kube-proxy's), flushed and deleted.
+    pub chains: Vec<String>,
+    /// Rules of built-in chains that jump to them: (chain, position from 1, target).
+    pub jumps: Vec<(String, usize, String)>,
+}
+
+impl LegacyLeftover {
+    /// `iptables-legacy nat` or `ip6tables-legacy nat`.
+    fn label(&self) -> String {
+        legacy_label(self.family, &self.table)
+    }
+}
+
+fn legacy_label(family: IpFamily, table: &str) -> String {
+    match family {
+        IpFamily::V4 => format!("iptables-legacy {table}"),
+        IpFamily::V6 => format!("ip6tables-legacy {table}"),
+    }
 }
 
 fn table_names<S: serde::Serializer>(tables: &[IpFamily], s: S) -> Result<S::Ok, S::Error> {
@@ -163,7 +195,46 @@ impl Leftovers {
             tracing::warn!(error = %e, "cannot read IPVS state (virtual servers, kube-ipvs0, ipsets); left as it is");
             IpvsLeftovers::default()
         });
+        for family in IpFamily::ALL {
+            for name in xtables::loaded_tables(family) {
+                if !IPTABLES_TABLES.contains(&name.as_str()) {
+                    continue;
+                }
+                match LegacyTable::read(family, &name) {
+                    Ok(table) => out.add_legacy(&table),
+                    Err(e) => tracing::warn!(error = %e, "cannot read an iptables-legacy table; left as it is"),
+                }
+            }
+        }
         Ok(out)
+    }
+
+    /// kube-proxy's chains in one iptables-legacy table, and the jumps to them.
+    pub(crate) fn add_legacy(&mut self, table: &LegacyTable) {
+        let (removal, kept) = legacy_removal(table);
+        for (chain, why) in kept {
+            self.kept.push(Kept { what: format!("{} {chain}", legacy_label(table.family, &table.name)), why });
+        }
+        if removal.chains.is_empty() {
+            return;
+        }
+        let targets: BTreeMap<(String, usize), String> = table
+            .rules()
+            .into_iter()
+            .filter_map(|r| Some(((r.chain, r.position), r.jump?)))
+            .collect();
+        self.legacy.push(LegacyLeftover {
+            family: table.family,
+            table: table.name.clone(),
+            chains: removal.chains.iter().cloned().collect(),
+            jumps: removal
+                .rules
+                .iter()
+                .map(|(chain, pos)| {
+                    (chain.clone(), *pos, targets.get(&(chain.clone(), *pos)).cloned().unwrap_or_default())
+                })
+                .collect(),
+        });
     }
 
     /// What to remove, from every table here (`tables`) and the rules of the iptables-nft
@@ -190,44 +261,32 @@ impl Leftovers {
 
     fn add_iptables(&mut self, family: IpFamily, table: &IptablesTable<'_>) {
         let name = table.info.name.as_str();
-        let base: BTreeSet<&str> =
-            table.info.chains.iter().filter(|c| c.base.is_some()).map(|c| c.name.as_str()).collect();
-        let mut removed: BTreeSet<&str> = table
-            .info
-            .chains
+        let chains: Vec<(&str, bool)> =
+            table.info.chains.iter().map(|c: &ChainInfo| (c.name.as_str(), c.base.is_some())).collect();
+        let rules: Vec<(&str, String, &[String])> = table
+            .rules
             .iter()
-            .map(|c: &ChainInfo| c.name.as_str())
-            .filter(|c| is_kube_proxy_chain(name, c))
+            .map(|r| (r.chain.as_str(), format!("rule handle {}", r.handle), r.targets.as_slice()))
             .collect();
-        // A chain a kept regular chain jumps to must stay (deleting it would fail the whole
-        // transaction); and then so must whatever its own rules jump to.
-        let mut kept: BTreeMap<&str, String> = BTreeMap::new();
-        loop {
-            let holder = table.rules.iter().find_map(|r| {
-                let from_kept = !removed.contains(r.chain.as_str()) && !base.contains(r.chain.as_str());
-                let target = r.targets.iter().find(|t| removed.contains(t.as_str()))?;
-                from_kept.then_some((target.as_str(), r))
-            });
-            let Some((target, rule)) = holder else { break };
-            removed.remove(target);
-            let why = format!("chain {} jumps to it (rule handle {})", rule.chain, rule.handle);
-            kept.insert(target, why);
-        }
-        for (chain, why) in kept {
+        let decision = decide(name, &chains, &rules);
+        for (chain, why) in decision.kept {
             self.kept.push(Kept { what: format!("{} {name} {chain}", family_keyword(family)), why });
         }
         let chain_ref = |chain: &str| ChainRef { family, table: name.to_string(), chain: chain.to_string() };
-        for rule in table.rules.iter().filter(|r| base.contains(r.chain.as_str())) {
-            if let Some(target) = rule.targets.iter().find(|t| removed.contains(t.as_str())) {
-                self.jumps.push(Jump { from: chain_ref(&rule.chain), handle: rule.handle, target: target.clone() });
-            }
+        for (i, target) in decision.jumps {
+            let rule = &table.rules[i];
+            self.jumps.push(Jump { from: chain_ref(&rule.chain), handle: rule.handle, target });
         }
-        self.chains.extend(removed.into_iter().map(chain_ref));
+        self.chains.extend(decision.removed.iter().map(|c| chain_ref(c)));
     }
 
     /// Nothing to remove.
     pub(crate) fn is_empty(&self) -> bool {
-        self.tables.is_empty() && self.jumps.is_empty() && self.chains.is_empty() && self.ipvs.is_empty()
+        self.tables.is_empty()
+            && self.jumps.is_empty()
+            && self.chains.is_empty()
+            && self.ipvs.is_empty()
+            && self.legacy.is_empty()
     }
 
     /// The deletions, in an order the kernel accepts in one transaction: the jumps, then every
@@ -276,6 +335,14 @@ impl Leftovers {
         if !self.ipvs.is_empty() {
             let _ = writeln!(out, "  then, outside nftables: {}", self.ipvs.summary());
         }
+        for l in &self.legacy {
+            for (chain, position, target) in &l.jumps {
+                let _ = writeln!(out, "  then: delete rule {} {chain} {position} (it jumps to {target})", l.label());
+            }
+            for chain in &l.chains {
+                let _ = writeln!(out, "  then: delete chain {} {chain} (flushed first)", l.label());
+            }
+        }
         for k in &self.kept {
             let _ = writeln!(out, "  stays: {} ({})", k.what, k.why);
         }
@@ -299,6 +366,9 @@ impl Leftovers {
         if !self.ipvs.is_empty() {
             parts.push(self.ipvs.summary());
         }
+        for l in &self.legacy {
+            parts.push(format!("{}: {} jump rule(s) and {} KUBE- chain(s)", l.label(), l.jumps.len(), l.chains.len()));
+        }
         parts.join("; ")
     }
 }
@@ -316,6 +386,87 @@ pub(crate) fn remove_ipvs_leftovers(ipvs: &IpvsLeftovers) {
     if failed.is_empty() {
         tracing::info!(removed = %ipvs.summary(), "removed kube-proxy's IPVS leftovers");
     }
+}
+
+/// Removes kube-proxy's chains from iptables-legacy tables, right after the takeover's
+/// transaction (see [`crate::netlink::xtables`]). Each table is read again and decided again
+/// when written, so a change in between is not undone. Best effort: failures are logged.
+pub(crate) fn remove_legacy_leftovers(legacy: &[LegacyLeftover]) {
+    for l in legacy {
+        match xtables::remove(l.family, &l.table, |t| legacy_removal(t).0) {
+            Ok(removal) => tracing::info!(
+                table = %l.label(),
+                chains = removal.chains.len(),
+                jumps = removal.rules.len(),
+                "removed kube-proxy's iptables-legacy leftovers"
+            ),
+            Err(e) => tracing::warn!(table = %l.label(), error = %e, "cannot remove kube-proxy's iptables-legacy leftovers; they stay"),
+        }
+    }
+}
+
+/// What to take out of one iptables-legacy table, and what stays with why.
+fn legacy_removal(table: &LegacyTable) -> (Removal, BTreeMap<String, String>) {
+    let builtin = table.builtin_chains();
+    let chains: Vec<(&str, bool)> = builtin
+        .iter()
+        .map(|c| (*c, true))
+        .chain(table.user_chains().into_iter().map(|c| (c, false)))
+        .collect();
+    let rules = table.rules();
+    let targets: Vec<Vec<String>> = rules.iter().map(|r| r.jump.iter().cloned().collect()).collect();
+    let described: Vec<(&str, String, &[String])> = rules
+        .iter()
+        .zip(&targets)
+        .map(|(r, t)| (r.chain.as_str(), format!("rule {}", r.position), t.as_slice()))
+        .collect();
+    let decision = decide(&table.name, &chains, &described);
+    let removal = Removal {
+        chains: decision.removed.iter().map(|c| c.to_string()).collect(),
+        rules: decision.jumps.iter().map(|(i, _)| (rules[*i].chain.clone(), rules[*i].position)).collect(),
+    };
+    (removal, decision.kept.into_iter().map(|(c, why)| (c.to_string(), why)).collect())
+}
+
+/// Which of kube-proxy's chains one iptables table loses, for either backend.
+struct Decision<'a> {
+    /// kube-proxy's chains to delete.
+    removed: BTreeSet<&'a str>,
+    /// kube-proxy's chains that stay, with why.
+    kept: BTreeMap<&'a str, String>,
+    /// Rules of built-in chains jumping to a removed chain: (index into the rules, target).
+    jumps: Vec<(usize, String)>,
+}
+
+/// Decides for a table's `chains` (name, built in) and `rules` (chain, how a message names the
+/// rule, the chains it jumps to): every chain of kube-proxy's goes, but one that a chain which
+/// is not kube-proxy's (and not built in) still jumps to, and then whatever it jumps to (deleting
+/// it would fail the whole transaction, or leave a dangling jump).
+fn decide<'a>(table: &str, chains: &[(&'a str, bool)], rules: &[(&'a str, String, &'a [String])]) -> Decision<'a> {
+    let base: BTreeSet<&str> = chains.iter().filter(|(_, b)| *b).map(|(c, _)| *c).collect();
+    let mut removed: BTreeSet<&str> = chains.iter().map(|(c, _)| *c).filter(|c| is_kube_proxy_chain(table, c)).collect();
+    let mut kept: BTreeMap<&str, String> = BTreeMap::new();
+    loop {
+        let holder = rules.iter().find_map(|(chain, label, targets)| {
+            let from_kept = !removed.contains(chain) && !base.contains(chain);
+            let target = targets.iter().find(|t| removed.contains(t.as_str()))?;
+            from_kept.then_some((target.as_str(), chain, label))
+        });
+        let Some((target, chain, label)) = holder else { break };
+        let Some(&target) = removed.get(target) else { break };
+        removed.remove(target);
+        kept.insert(target, format!("chain {chain} jumps to it ({label})"));
+    }
+    let mut jumps = Vec::new();
+    for (i, (chain, _, targets)) in rules.iter().enumerate() {
+        if !base.contains(chain) {
+            continue;
+        }
+        if let Some(target) = targets.iter().find(|t| removed.contains(t.as_str())) {
+            jumps.push((i, target.clone()));
+        }
+    }
+    Decision { removed, kept, jumps }
 }
 
 #[cfg(test)]

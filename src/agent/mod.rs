@@ -163,6 +163,7 @@ impl AgentObserver {
                     "took over from kube-proxy: its leftovers went in the same transaction as nftproxy's rules"
                 );
                 crate::takeover::remove_ipvs_leftovers(&leftovers.ipvs);
+                crate::takeover::remove_legacy_leftovers(&leftovers.legacy);
                 self.takeover = None;
             }
             Ok(_) => {}

@@ -84,6 +84,8 @@ pub(crate) enum FindingKind {
     SnatFirst,
     /// iptables-legacy tables, which netlink for nf_tables cannot show.
     IptablesLegacy,
+    /// kube-proxy's iptables-mode chains in an iptables-legacy (x_tables) table.
+    KubeProxyIptablesLegacy,
     /// The API identity lacks a permission nftproxy uses (`check --kubeconfig`/`--api`).
     MissingPermission,
 }
@@ -183,6 +185,59 @@ impl Report {
     }
 }
 
+/// kube-proxy's chains left in iptables-legacy tables (a kube-proxy whose image picked the
+/// legacy backend): a conflict, one finding per table.
+pub(crate) fn legacy_leftover_findings(legacy: &[crate::takeover::LegacyLeftover]) -> Vec<Finding> {
+    legacy
+        .iter()
+        .map(|l| {
+            let tool = match l.family {
+                IpFamily::V4 => "iptables-legacy",
+                IpFamily::V6 => "ip6tables-legacy",
+            };
+            let jumps: Vec<String> = l.jumps.iter().map(|(chain, _, target)| format!("{chain} -> {target}")).collect();
+            let mut chains: Vec<&str> = l.chains.iter().map(String::as_str).collect();
+            chains.sort_by_key(|n| kube_proxy_rank(n));
+            Finding {
+                severity: Severity::Conflict,
+                kind: FindingKind::KubeProxyIptablesLegacy,
+                table: format!("{tool} {}", l.table),
+                chain: None,
+                hook: None,
+                priority: None,
+                summary: format!(
+                    "{tool} table {} holds kube-proxy iptables-mode chains: {}{}.",
+                    l.table,
+                    name_list(&chains),
+                    if jumps.is_empty() { String::new() } else { format!(" (jumps: {})", jumps.join(", ")) }
+                ),
+                effect: "kube-proxy in iptables mode with the legacy backend: its nat chains DNAT service traffic \
+                         like nftproxy's, to endpoints it no longer updates, and its filter chains reject what it \
+                         thought had none. nf_tables cannot see them, so `nft list ruleset` does not show them."
+                    .into(),
+                remedy: format!(
+                    "Make sure kube-proxy no longer runs on this node: `nftproxy run` then removes these chains and \
+                     the jumps to them right after its first sync's transaction (unless --cleanup-kube-proxy=false). \
+                     By hand: {}",
+                    legacy_commands(tool, l).join("; ")
+                ),
+            }
+        })
+        .collect()
+}
+
+/// The commands that remove one table's leftovers by hand: the jumps, last position first (a
+/// deletion moves the rules after it), then each chain flushed and deleted.
+fn legacy_commands(tool: &str, l: &crate::takeover::LegacyLeftover) -> Vec<String> {
+    let mut jumps: Vec<&(String, usize, String)> = l.jumps.iter().collect();
+    jumps.sort_by(|a, b| (&a.0, std::cmp::Reverse(a.1)).cmp(&(&b.0, std::cmp::Reverse(b.1))));
+    let t = &l.table;
+    let mut out: Vec<String> = jumps.iter().map(|(chain, pos, _)| format!("{tool} -t {t} -D {chain} {pos}")).collect();
+    out.extend(l.chains.iter().map(|c| format!("{tool} -t {t} -F {c}")));
+    out.extend(l.chains.iter().map(|c| format!("{tool} -t {t} -X {c}")));
+    out
+}
+
 /// Checks the tables of one network namespace against nftproxy's.
 pub(crate) fn check(input: &CheckInput<'_>) -> Report {
     let mut findings = Vec::new();
@@ -208,8 +263,9 @@ pub(crate) fn check(input: &CheckInput<'_>) -> Report {
             hook: None,
             priority: None,
             summary: format!("iptables-legacy tables are loaded here: {}.", input.legacy_iptables.join(", ")),
-            effect: "Their rules live in x_tables, which nf_tables netlink does not show, so check could not look at \
-                     them. They run on the same hooks (nat at -100 and 100, filter at 0) and compete the same way."
+            effect: "Their rules live in x_tables, which nf_tables netlink does not show: check reads them only for \
+                     kube-proxy's chains (reported on their own). Other rules there run on the same hooks (nat at \
+                     -100 and 100, filter at 0) and compete the same way as nftables chains."
                 .into(),
             remedy: "Inspect them with `iptables-legacy-save` and `ip6tables-legacy-save`.".into(),
         });

@@ -1034,6 +1034,8 @@ fn check(args: &CheckArgs) -> Result<u8, CliError> {
         legacy_iptables: &legacy,
     });
     let leftovers = crate::takeover::Leftovers::read_with(&mut kernel, &tables)?;
+    report.findings.extend(crate::check::legacy_leftover_findings(&leftovers.legacy));
+    report.findings.sort_by_key(|f| std::cmp::Reverse(f.severity));
     report.takeover = Some(leftovers).filter(|l| !l.is_empty() || !l.kept.is_empty());
     if args.api || args.kubeconfig.is_some() {
         let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().map_err(CliError::Output)?;

@@ -18,6 +18,10 @@ pub(crate) mod trace;
 mod socket;
 #[allow(unsafe_code)]
 mod sys;
+// Raw socket options with byte buffers (iptables-legacy's x_tables interface).
+#[allow(unsafe_code)]
+mod sockopt;
+pub(crate) mod xtables;
 
 use std::io;
 use std::ops::ControlFlow;
