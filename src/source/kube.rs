@@ -60,7 +60,20 @@ pub(crate) async fn client(kubeconfig: Option<&str>, master: Option<&str>) -> Re
                 .await
                 .map_err(|source| KubeSourceError::Kubeconfig { path: path.to_string(), source })?
         }
-        None => kube::Config::infer().await.map_err(|e| KubeSourceError::Infer(e.to_string()))?,
+        None => {
+            let config = kube::Config::infer().await.map_err(|e| KubeSourceError::Infer(e.to_string()))?;
+            if master.is_none() && through_service_ip(|k| std::env::var(k).ok()) {
+                THROUGH_SERVICE_IP.store(true, std::sync::atomic::Ordering::Relaxed);
+                info!(
+                    server = %config.cluster_url,
+                    "the API server is reached through the kubernetes Service's ClusterIP, which only a service \
+                     proxy's rules make reachable: on a node without them (a new node, after a reboot, no kube-proxy) \
+                     set KUBERNETES_SERVICE_HOST and KUBERNETES_SERVICE_PORT to the API server's own address \
+                     (docs/install.md#the-api-servers-address)"
+                );
+            }
+            config
+        }
     };
     if let Some(master) = master {
         config.cluster_url = master.parse().map_err(|_| KubeSourceError::Master(master.to_string()))?;
@@ -71,6 +84,20 @@ pub(crate) async fn client(kubeconfig: Option<&str>, master: Option<&str>) -> Re
     // whose pings would hide a dead peer).
     config.reset_reader_on_write = true;
     Ok(Client::try_from(config)?)
+}
+
+/// Set when the in-cluster API address is the `kubernetes` Service's ClusterIP (see
+/// [`through_service_ip`]): a failing list then says how to give the real address.
+static THROUGH_SERVICE_IP: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Whether the in-cluster configuration points at the `kubernetes` Service's ClusterIP: kubelet
+/// sets `KUBERNETES_SERVICE_HOST` and `KUBERNETES_PORT_443_TCP_ADDR` to it in every container, and
+/// a pod spec that gives the API server's own address overrides the first only.
+fn through_service_ip(env: impl Fn(&str) -> Option<String>) -> bool {
+    match (env("KUBERNETES_SERVICE_HOST"), env("KUBERNETES_PORT_443_TCP_ADDR")) {
+        (Some(host), Some(service)) => !host.is_empty() && host == service,
+        _ => false,
+    }
 }
 
 /// The longest a connection may stay silent before it counts as dead and is replaced. The API
@@ -184,7 +211,17 @@ async fn watch_kind<K, T>(
                     continue;
                 }
                 _ => {
-                    warn!(?kind, error = %e, "watch failed; retrying with backoff (rules stay as they are)");
+                    if !listed && THROUGH_SERVICE_IP.load(std::sync::atomic::Ordering::Relaxed) {
+                        warn!(
+                            ?kind,
+                            error = %e,
+                            "cannot list through the kubernetes Service's ClusterIP; if no service proxy serves it \
+                             on this node yet, set KUBERNETES_SERVICE_HOST and KUBERNETES_SERVICE_PORT to the API \
+                             server's own address (docs/install.md#the-api-servers-address); retrying with backoff"
+                        );
+                    } else {
+                        warn!(?kind, error = %e, "watch failed; retrying with backoff (rules stay as they are)");
+                    }
                     continue;
                 }
             },
@@ -469,3 +506,20 @@ watched_resource!(Service, k8s_openapi::api::core::v1::Service, k8s_openapi::Nam
 watched_resource!(EndpointSlice, k8s_openapi::api::discovery::v1::EndpointSlice, k8s_openapi::NamespaceResourceScope);
 watched_resource!(Node, k8s_openapi::api::core::v1::Node, k8s_openapi::ClusterResourceScope);
 watched_resource!(ServiceCidr, k8s_openapi::api::networking::v1::ServiceCIDR, k8s_openapi::ClusterResourceScope);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_service_ip_is_told_from_an_address_given_in_the_pod_spec() {
+        let env = |pairs: &'static [(&'static str, &'static str)]| {
+            move |k: &str| pairs.iter().find(|(n, _)| *n == k).map(|(_, v)| v.to_string())
+        };
+        let kubelets = &[("KUBERNETES_SERVICE_HOST", "10.96.0.1"), ("KUBERNETES_PORT_443_TCP_ADDR", "10.96.0.1")];
+        assert!(through_service_ip(env(kubelets)));
+        let given = &[("KUBERNETES_SERVICE_HOST", "192.168.50.100"), ("KUBERNETES_PORT_443_TCP_ADDR", "10.96.0.1")];
+        assert!(!through_service_ip(env(given)));
+        assert!(!through_service_ip(env(&[("KUBERNETES_SERVICE_HOST", "10.96.0.1")])));
+    }
+}
