@@ -224,7 +224,10 @@ impl Running {
             return true;
         }
         let flags = WaitPidFlag::WEXITED | WaitPidFlag::WNOHANG | WaitPidFlag::WNOWAIT;
-        !matches!(waitid(Id::Pid(nix::unistd::Pid::from_raw(self.child.id() as i32)), flags), Ok(WaitStatus::StillAlive))
+        !matches!(
+            waitid(Id::Pid(nix::unistd::Pid::from_raw(self.child.id() as i32)), flags),
+            Ok(WaitStatus::StillAlive)
+        )
     }
 
     /// SIGKILL to its process group (itself and the children it started), then reaps it.

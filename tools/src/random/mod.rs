@@ -99,10 +99,7 @@ pub fn run_cli(args: &RandomArgs) -> Result<(), RandomError> {
     eprintln!("written to {}", path.display());
     let unlisted = unlisted(&report);
     if !unlisted.is_empty() {
-        return Err(RandomError::Cluster(format!(
-            "{} difference(s) not listed as deliberate",
-            unlisted.len()
-        )));
+        return Err(RandomError::Cluster(format!("{} difference(s) not listed as deliberate", unlisted.len())));
     }
     Ok(())
 }
