@@ -369,7 +369,10 @@ fn sctp_service_ports() {
     assert_eq!(canonicalize(&lab.listing()), canonicalize(&lab.render(&yaml)));
     assert!(lab.listing().contains(" . sctp . 53 . 0 comment \"default/web:dns\" : "), "{}", lab.listing());
     if !traffic::sctp_supported() {
-        eprintln!("SKIPPED (SCTP traffic): this kernel has no sctp module (socket(IPPROTO_SCTP) is not supported)");
+        nftproxy_tools::lab::skip_without_kernel_feature(
+            "sctp",
+            "SCTP traffic: this kernel has no SCTP (socket(IPPROTO_SCTP) is not supported)",
+        );
         return;
     }
     let mut lab = lab;

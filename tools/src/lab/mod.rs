@@ -46,6 +46,19 @@ pub fn skip_test(reason: impl std::fmt::Display) {
     eprintln!("SKIPPED: {reason}");
 }
 
+/// Skips the part of a test that needs a kernel feature this kernel lacks (`feature`, e.g. the
+/// `sctp` module): prints `SKIPPED ({feature}): {reason}`. With `NFTPROXY_PRIVILEGED_TESTS=1`
+/// it panics instead ([`skip_test`]) unless the kernel cannot load modules at all (no
+/// `/proc/modules`): such a kernel was built with or without the feature for good, and nothing
+/// installed on the machine can add it.
+pub fn skip_without_kernel_feature(feature: &str, reason: impl std::fmt::Display) {
+    if std::path::Path::new("/proc/modules").exists() {
+        skip_test(format_args!("{reason} (load or install the {feature} module)"));
+    } else {
+        eprintln!("SKIPPED ({feature}): {reason}; this kernel cannot load modules");
+    }
+}
+
 /// For tests: whether to skip because this process cannot build a lab ([`require_privileges`]),
 /// after saying why; with `NFTPROXY_PRIVILEGED_TESTS=1` it panics instead ([`skip_test`]).
 pub fn skip_unless_privileged() -> bool {
