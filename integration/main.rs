@@ -5,6 +5,11 @@
 //! it, or fail with `NFTPROXY_PRIVILEGED_TESTS=1`. `cargo test --test integration <module>::`
 //! runs one file's tests.
 
+// Every file here is test code, helpers included: a failed unwrap is a failed test. (Clippy's
+// `allow-unwrap-in-tests` covers `#[test]` functions and `#[cfg(test)]` modules only, not the
+// helpers of an integration test crate.)
+#![allow(clippy::unwrap_used)]
+
 mod common;
 
 mod architecture;

@@ -159,8 +159,8 @@ impl Scenario {
         let dir = scenarios_dir();
         let mut names: Vec<String> = std::fs::read_dir(&dir)
             .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
-            .map(|e| e.unwrap())
-            .filter(|e| e.file_type().unwrap().is_dir())
+            .map(|e| e.unwrap_or_else(|e| panic!("{}: {e}", dir.display())))
+            .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
             .map(|e| e.file_name().to_string_lossy().into_owned())
             .collect();
         names.sort();
@@ -172,7 +172,8 @@ impl Scenario {
         let dir = scenarios_dir().join(name);
         let read = |file: &str| std::fs::read_to_string(dir.join(file));
         for entry in std::fs::read_dir(&dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display())) {
-            let file = entry.unwrap().file_name().to_string_lossy().into_owned();
+            let file = entry.unwrap_or_else(|e| panic!("{}: {e}", dir.display())).file_name();
+            let file = file.to_string_lossy().into_owned();
             assert!(SCENARIO_FILES.contains(&file.as_str()), "{}: unexpected {file}", dir.display());
         }
         let input = read("input.yaml").unwrap_or_else(|e| panic!("{}/input.yaml: {e}", dir.display()));
@@ -185,7 +186,7 @@ impl Scenario {
         let mut changes = Vec::new();
         if let Ok(entries) = std::fs::read_dir(dir.join("changes")) {
             for entry in entries {
-                let path = entry.unwrap().path();
+                let path = entry.unwrap_or_else(|e| panic!("{}/changes: {e}", dir.display())).path();
                 let file = path.file_name().unwrap_or_default().to_string_lossy().into_owned();
                 if let Some(change) = file.strip_suffix(".yaml") {
                     let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
@@ -241,8 +242,8 @@ impl Scenario {
 /// Node ports on 192.168.0.2 and fd00:192:168::2.
 fn default_node_ports() -> (NodePorts, NodePorts) {
     (
-        NodePorts::Addresses(vec!["192.168.0.2".parse().unwrap()]),
-        NodePorts::Addresses(vec!["fd00:192:168::2".parse().unwrap()]),
+        NodePorts::Addresses(vec![std::net::IpAddr::from([192, 168, 0, 2])]),
+        NodePorts::Addresses(vec![std::net::IpAddr::from([0xfd00, 0x192, 0x168, 0, 0, 0, 0, 2])]),
     )
 }
 

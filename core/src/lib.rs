@@ -10,6 +10,8 @@
 //! Nothing here performs I/O on the kernel or the network: this crate depends on no netlink,
 //! tokio, kube or libc, so "pure up to the last step" is enforced by Cargo. The `nftproxy` crate
 //! (the node agent) supplies the effects.
+// Stricter than the workspace's `deny`: no module of the core may allow unsafe code.
+#![forbid(unsafe_code)]
 #![warn(unreachable_pub)]
 
 pub mod config;

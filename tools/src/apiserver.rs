@@ -114,7 +114,10 @@ impl FakeApi {
         let (addr_tx, addr_rx) = std::sync::mpsc::channel();
         let (s, c, d) = (Arc::clone(&store), changed.clone(), disconnect.clone());
         let thread = ns.spawn(move || {
-            let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .expect("a runtime for the test API server");
             rt.block_on(serve(s, c, d, stop_rx, addr_tx));
         });
         let addr = addr_rx.recv_timeout(Duration::from_secs(5)).expect("test API server did not start");
@@ -151,7 +154,7 @@ impl FakeApi {
     fn put(&self, mut obj: Value, notify: bool) {
         let res = resource(obj["kind"].as_str().unwrap_or(""));
         {
-            let mut s = self.store.lock().unwrap();
+            let mut s = lock(&self.store);
             s.rv += 1;
             let rv = s.rv;
             obj["metadata"]["resourceVersion"] = json!(rv.to_string());
@@ -168,7 +171,7 @@ impl FakeApi {
     pub fn delete(&self, kind: &str, namespace: &str, name: &str) {
         let res = resource(kind);
         {
-            let mut s = self.store.lock().unwrap();
+            let mut s = lock(&self.store);
             s.rv += 1;
             let rv = s.rv;
             if let Some(mut obj) = s.objects.entry(res).or_default().remove(&format!("{namespace}/{name}")) {
@@ -182,12 +185,12 @@ impl FakeApi {
     /// Answers 404 for a resource (one of the path constants), as an API server that does not
     /// serve it.
     pub fn hide(&self, resource: &'static str) {
-        self.store.lock().unwrap().hidden.insert(resource);
+        lock(&self.store).hidden.insert(resource);
     }
 
     /// Ends every watch with `410 Gone`: watchers must list again.
     pub fn expire_watches(&self) {
-        self.store.lock().unwrap().expired = [SERVICES, SLICES, NODES, SERVICE_CIDRS].into_iter().collect();
+        lock(&self.store).expired = [SERVICES, SLICES, NODES, SERVICE_CIDRS].into_iter().collect();
         self.drop_connections();
     }
 
@@ -198,12 +201,12 @@ impl FakeApi {
 
     /// Events posted so far.
     pub fn events(&self) -> Vec<Value> {
-        self.store.lock().unwrap().events.clone()
+        lock(&self.store).events.clone()
     }
 
     /// (list requests, watch requests) served so far.
     pub fn requests(&self) -> (usize, usize) {
-        let s = self.store.lock().unwrap();
+        let s = lock(&self.store);
         (s.list_requests, s.watch_requests)
     }
 
@@ -227,12 +230,17 @@ impl Drop for FakeApi {
 
 type Body = UnsyncBoxBody<Bytes, Infallible>;
 
+/// The store, locked (poisoned only when a thread panicked holding it: the test fails anyway).
+fn lock(store: &Mutex<Store>) -> std::sync::MutexGuard<'_, Store> {
+    store.lock().expect("the test API server's store (a thread panicked holding it)")
+}
+
 fn full(status: StatusCode, body: Value) -> Response<Body> {
     Response::builder()
         .status(status)
         .header("Content-Type", "application/json")
         .body(Full::new(Bytes::from(body.to_string())).boxed_unsync())
-        .unwrap()
+        .expect("a status and a fixed header make a valid response")
 }
 
 fn query(req: &Request<Incoming>) -> HashMap<String, String> {
@@ -290,8 +298,11 @@ async fn serve(
     mut stop: tokio::sync::oneshot::Receiver<()>,
     addr_tx: std::sync::mpsc::Sender<SocketAddr>,
 ) {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    addr_tx.send(listener.local_addr().unwrap()).unwrap();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("a port on 127.0.0.1");
+    let address = listener.local_addr().expect("a bound listener's address");
+    if addr_tx.send(address).is_err() {
+        return; // nobody waits for this server any more
+    }
     loop {
         let (stream, _) = tokio::select! {
             a = listener.accept() => match a { Ok(a) => a, Err(_) => continue },
@@ -318,14 +329,14 @@ async fn handle(
     if req.method() == Method::POST && path.ends_with("/events") {
         let body = req.into_body().collect().await.map(|b| b.to_bytes()).unwrap_or_default();
         let event: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
-        store.lock().unwrap().events.push(event.clone());
+        lock(&store).events.push(event.clone());
         return full(StatusCode::CREATED, event);
     }
     if req.method() == Method::PATCH && path.contains("/events/") {
         let body = req.into_body().collect().await.map(|b| b.to_bytes()).unwrap_or_default();
         return full(StatusCode::OK, serde_json::from_slice(&body).unwrap_or(Value::Null));
     }
-    let hidden = |res: &str| store.lock().unwrap().hidden.contains(res);
+    let hidden = |res: &str| lock(&store).hidden.contains(res);
     let res: &'static str = match path.as_str() {
         SERVICES => SERVICES,
         SLICES => SLICES,
@@ -340,7 +351,7 @@ async fn handle(
     };
     let q = query(&req);
     if q.get("watch").map(String::as_str) != Some("true") {
-        let mut s = store.lock().unwrap();
+        let mut s = lock(&store);
         s.list_requests += 1;
         let (kind, api_version) = list_kind(res);
         let items: Vec<Value> =
@@ -355,7 +366,7 @@ async fn handle(
     let since: u64 = q.get("resourceVersion").and_then(|v| v.parse().ok()).unwrap_or(0);
     let timeout = Duration::from_secs(q.get("timeoutSeconds").and_then(|v| v.parse().ok()).unwrap_or(290));
     let expired = {
-        let mut s = store.lock().unwrap();
+        let mut s = lock(&store);
         s.watch_requests += 1;
         let compacted = s.compacted.get(res).is_some_and(|rv| since < *rv);
         s.expired.remove(res) || compacted
@@ -376,7 +387,7 @@ async fn handle(
             let item_kind = kind.trim_end_matches("List");
             loop {
                 let (events, rv, behind) = {
-                    let s = store.lock().unwrap();
+                    let s = lock(&store);
                     let behind = s.compacted.get(res).is_some_and(|rv| sent < *rv);
                     (s.events_after(res, sent, &q2), s.rv, behind)
                 };
@@ -412,7 +423,7 @@ async fn handle(
         .status(StatusCode::OK)
         .header("Content-Type", "application/json")
         .body(BodyExt::boxed_unsync(StreamBody::new(stream.boxed())))
-        .unwrap()
+        .expect("a status and a fixed header make a valid response")
 }
 
 /// The watch event ending a watch whose resource version is too old.
@@ -423,7 +434,7 @@ fn gone() -> Value {
 /// Every document of manifest YAML, as JSON values (for `FakeApi::apply`).
 pub fn objects(yaml: &str) -> Vec<Value> {
     serde_yaml_ng::Deserializer::from_str(yaml)
-        .map(|doc| <Value as serde::Deserialize>::deserialize(doc).unwrap())
+        .map(|doc| <Value as serde::Deserialize>::deserialize(doc).unwrap_or_else(|e| panic!("manifest YAML: {e}")))
         .filter(|v| !v.is_null())
         .collect()
 }

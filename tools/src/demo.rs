@@ -4,7 +4,7 @@
 //! source address they saw. Everything is removed at the end, also on failure or Ctrl-C.
 //!
 //! With `--apiserver` the cluster comes from the real Kubernetes control plane instead of the
-//! manifests file ([`control_plane`]).
+//! manifests file (`demo/control_plane.rs`).
 
 mod control_plane;
 

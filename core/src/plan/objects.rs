@@ -149,7 +149,7 @@ pub enum SharedSet {
     /// `local-nodeport-endpoints-N`: the endpoints (of the kind the [`BalanceMap`] says) of every
     /// balanced service address (node port) that has N of them, by index `0..N`. Planned, with
     /// its rule in the balancing chain, while it holds any; the syncer keeps it once created
-    /// (see [`crate::plan::balance`]).
+    /// (see `plan/balance.rs`).
     Balance(BalanceMap, u32),
 }
 

@@ -82,7 +82,7 @@ impl ApiClient {
         Ok(client)
     }
 
-    /// Creates the objects, [`CREATE_CONCURRENCY`] requests at a time.
+    /// Creates the objects, `CREATE_CONCURRENCY` requests at a time.
     pub fn create_all(&self, objects: Vec<NewObject>) -> Result<(), BenchError> {
         self.run(|client| async move {
             futures::stream::iter(objects)

@@ -79,7 +79,7 @@ pub struct Plan {
 pub struct Changes {
     /// API write → kernel commit, per change seen in the kernel.
     pub latencies: Vec<Duration>,
-    /// Changes not seen in the kernel within [`CHANGE_TIMEOUT`].
+    /// Changes not seen in the kernel within `CHANGE_TIMEOUT`.
     pub missed: usize,
     /// The proxy's `sync_proxy_rules_duration_seconds`, mean over the syncs between the write
     /// and the commit, per change.

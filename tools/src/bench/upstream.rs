@@ -1444,7 +1444,9 @@ mod tests {
         }
 
         if Command::new("iptables-nft-restore").arg("--version").output().is_err() {
-            crate::lab::skip_test("the iptables part: iptables-nft-restore is not installed (apt-get install -y iptables)");
+            crate::lab::skip_test(
+                "the iptables part: iptables-nft-restore is not installed (apt-get install -y iptables)",
+            );
             return;
         }
         let ipt = iptables_restore(&state, NODE, CIDR, &name(7));

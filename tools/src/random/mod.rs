@@ -10,7 +10,7 @@
 //! - [`run`](mod@run): the runner (each proxy once over every seed) and the minimiser.
 //!
 //! `nftproxy-tools random --seeds 0..500` runs it and writes a dated results file
-//! ([`report`]); the integration test `random::` runs a handful of seeds.
+//! ([`report_markdown`]); the integration test `random::` runs a handful of seeds.
 
 pub mod generate;
 pub mod lab;
