@@ -218,11 +218,8 @@ impl Leftovers {
         if removal.chains.is_empty() {
             return;
         }
-        let targets: BTreeMap<(String, usize), String> = table
-            .rules()
-            .into_iter()
-            .filter_map(|r| Some(((r.chain, r.position), r.jump?)))
-            .collect();
+        let targets: BTreeMap<(String, usize), String> =
+            table.rules().into_iter().filter_map(|r| Some(((r.chain, r.position), r.jump?))).collect();
         self.legacy.push(LegacyLeftover {
             family: table.family,
             table: table.name.clone(),
@@ -400,7 +397,9 @@ pub(crate) fn remove_legacy_leftovers(legacy: &[LegacyLeftover]) {
                 jumps = removal.rules.len(),
                 "removed kube-proxy's iptables-legacy leftovers"
             ),
-            Err(e) => tracing::warn!(table = %l.label(), error = %e, "cannot remove kube-proxy's iptables-legacy leftovers; they stay"),
+            Err(e) => {
+                tracing::warn!(table = %l.label(), error = %e, "cannot remove kube-proxy's iptables-legacy leftovers; they stay")
+            }
         }
     }
 }
@@ -408,11 +407,8 @@ pub(crate) fn remove_legacy_leftovers(legacy: &[LegacyLeftover]) {
 /// What to take out of one iptables-legacy table, and what stays with why.
 fn legacy_removal(table: &LegacyTable) -> (Removal, BTreeMap<String, String>) {
     let builtin = table.builtin_chains();
-    let chains: Vec<(&str, bool)> = builtin
-        .iter()
-        .map(|c| (*c, true))
-        .chain(table.user_chains().into_iter().map(|c| (c, false)))
-        .collect();
+    let chains: Vec<(&str, bool)> =
+        builtin.iter().map(|c| (*c, true)).chain(table.user_chains().into_iter().map(|c| (c, false))).collect();
     let rules = table.rules();
     let targets: Vec<Vec<String>> = rules.iter().map(|r| r.jump.iter().cloned().collect()).collect();
     let described: Vec<(&str, String, &[String])> = rules
@@ -444,7 +440,8 @@ struct Decision<'a> {
 /// it would fail the whole transaction, or leave a dangling jump).
 fn decide<'a>(table: &str, chains: &[(&'a str, bool)], rules: &[(&'a str, String, &'a [String])]) -> Decision<'a> {
     let base: BTreeSet<&str> = chains.iter().filter(|(_, b)| *b).map(|(c, _)| *c).collect();
-    let mut removed: BTreeSet<&str> = chains.iter().map(|(c, _)| *c).filter(|c| is_kube_proxy_chain(table, c)).collect();
+    let mut removed: BTreeSet<&str> =
+        chains.iter().map(|(c, _)| *c).filter(|c| is_kube_proxy_chain(table, c)).collect();
     let mut kept: BTreeMap<&str, String> = BTreeMap::new();
     loop {
         let holder = rules.iter().find_map(|(chain, label, targets)| {

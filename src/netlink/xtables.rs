@@ -181,7 +181,8 @@ impl LegacyTable {
             move |source| XtablesError::Io { what, source }
         };
         let mut info = vec![0u8; GETINFO_LEN];
-        info[..name.len().min(TABLE_NAME_LEN - 1)].copy_from_slice(&name.as_bytes()[..name.len().min(TABLE_NAME_LEN - 1)]);
+        info[..name.len().min(TABLE_NAME_LEN - 1)]
+            .copy_from_slice(&name.as_bytes()[..name.len().min(TABLE_NAME_LEN - 1)]);
         sockopt::get(fd, layout.level, SO_GET_INFO, &mut info).map_err(io("reading the size"))?;
         let malformed = |detail: &str| XtablesError::Malformed { table: name.to_string(), detail: detail.to_string() };
         let field = |at| u32_at(&info, at).ok_or_else(|| malformed("short GET_INFO reply"));
@@ -216,7 +217,8 @@ impl LegacyTable {
         let mut offset = 0;
         while offset < blob.len() {
             let target_offset = u16_at(&blob, offset + layout.target_offset_at)
-                .ok_or_else(|| malformed(format!("entry at {offset} is cut short")))? as usize;
+                .ok_or_else(|| malformed(format!("entry at {offset} is cut short")))?
+                as usize;
             let size = u16_at(&blob, offset + layout.target_offset_at + 2)
                 .ok_or_else(|| malformed(format!("entry at {offset} is cut short")))? as usize;
             if size == 0 || target_offset + TARGET_HEADER > size || offset + size > blob.len() {
@@ -305,7 +307,11 @@ impl LegacyTable {
     /// The table without the user chains `chains` (head, rules, `RETURN`) and the rules
     /// `drop` names (chain, position from 1), as a `SET_REPLACE` request's parts: the new
     /// entry blob, its entry count, and the hooks' entry points and policies moved.
-    fn without(&self, chains: &BTreeSet<String>, drop: &BTreeSet<(String, usize)>) -> Result<Replacement, XtablesError> {
+    fn without(
+        &self,
+        chains: &BTreeSet<String>,
+        drop: &BTreeSet<(String, usize)>,
+    ) -> Result<Replacement, XtablesError> {
         let malformed = |detail: String| XtablesError::Malformed { table: self.name.clone(), detail };
         let mut removed = vec![false; self.entries.len()];
         for chain in &self.chains {
@@ -339,11 +345,10 @@ impl LegacyTable {
                 && v >= 0
             {
                 let target = usize::try_from(v).unwrap_or(usize::MAX);
-                let landing = self
-                    .entries
-                    .iter()
-                    .position(|x| x.offset == target)
-                    .ok_or_else(|| malformed(format!("a jump at {} lands at {target}, no entry there", e.offset)))?;
+                let landing =
+                    self.entries.iter().position(|x| x.offset == target).ok_or_else(|| {
+                        malformed(format!("a jump at {} lands at {target}, no entry there", e.offset))
+                    })?;
                 if removed[landing] {
                     return Err(malformed(format!(
                         "the rule at {} jumps into a removed chain ({})",
@@ -563,7 +568,11 @@ mod tests {
             rules.iter().map(|r| (r.chain.as_str(), r.position, r.jump.as_deref())).collect();
         assert_eq!(
             jumps,
-            [("PREROUTING", 1, Some("KUBE-SERVICES")), ("OUTPUT", 1, Some("KUBE-SERVICES")), ("KUBE-SERVICES", 1, None)]
+            [
+                ("PREROUTING", 1, Some("KUBE-SERVICES")),
+                ("OUTPUT", 1, Some("KUBE-SERVICES")),
+                ("KUBE-SERVICES", 1, None)
+            ]
         );
     }
 
@@ -577,7 +586,8 @@ mod tests {
         assert_eq!(r.num_entries, 5);
         assert_eq!((r.hook_entry[0], r.underflow[0]), (0, 0));
         assert_eq!((r.hook_entry[3], r.underflow[3]), (152, 152));
-        let again = LegacyTable::parse(IpFamily::V4, "nat", table.valid_hooks, r.hook_entry, r.underflow, r.blob).unwrap();
+        let again =
+            LegacyTable::parse(IpFamily::V4, "nat", table.valid_hooks, r.hook_entry, r.underflow, r.blob).unwrap();
         assert_eq!(again.user_chains(), ["KEEP"]);
         assert!(again.rules().is_empty());
     }
@@ -596,11 +606,9 @@ mod tests {
         // Remove PREROUTING's jump only: OUTPUT's jump must land on KUBE-SERVICES' new place.
         let rules = BTreeSet::from([("PREROUTING".to_string(), 1)]);
         let r = table.without(&BTreeSet::new(), &rules).unwrap();
-        let again = LegacyTable::parse(IpFamily::V4, "nat", table.valid_hooks, r.hook_entry, r.underflow, r.blob).unwrap();
+        let again =
+            LegacyTable::parse(IpFamily::V4, "nat", table.valid_hooks, r.hook_entry, r.underflow, r.blob).unwrap();
         let jumps: Vec<(String, Option<String>)> = again.rules().into_iter().map(|r| (r.chain, r.jump)).collect();
-        assert_eq!(
-            jumps,
-            [("OUTPUT".into(), Some("KUBE-SERVICES".into())), ("KUBE-SERVICES".into(), None)]
-        );
+        assert_eq!(jumps, [("OUTPUT".into(), Some("KUBE-SERVICES".into())), ("KUBE-SERVICES".into(), None)]);
     }
 }
