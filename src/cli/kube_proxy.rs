@@ -412,7 +412,7 @@ pub fn translate(argv: &[OsString]) -> Result<Translated, FlagError> {
         }
     }
     let mut out: Vec<OsString> = vec![argv.first().cloned().unwrap_or_else(|| "nftproxy".into())];
-    let verbose = super::verbosity_count(extras.verbosity.unwrap_or(0));
+    let verbose = verbosity_count(extras.verbosity.unwrap_or(0));
     out.extend(std::iter::repeat_n(OsString::from("-v"), usize::from(verbose)));
     out.push(match &action {
         Action::InitOnly => "conntrack-sysctls".into(),
@@ -426,6 +426,15 @@ pub fn translate(argv: &[OsString]) -> Result<Translated, FlagError> {
         out.push(format!("--{flag}={value}").into());
     }
     Ok(Translated { argv: out, extras, action })
+}
+
+/// klog's verbosity as `-v` counts: 0 up to 3, 1 (debug) for 4 and 5, 2 (trace) from 6.
+pub fn verbosity_count(v: u32) -> u8 {
+    match v {
+        0..=3 => 0,
+        4 | 5 => 1,
+        _ => 2,
+    }
 }
 
 /// The `--version` lines: kube-proxy's, then nftproxy's own.
