@@ -12,7 +12,9 @@
 
 mod common;
 
+mod alerts;
 mod architecture;
+mod chart;
 mod check;
 mod clusterip;
 mod conntrack;

@@ -10,6 +10,7 @@
 //! family's rules took), and a failed transaction counts for every family it carried; the
 //! per-family counts (`no_local_endpoints`) are each family's own.
 
+pub(crate) mod check_findings;
 pub(crate) mod service_counters;
 pub(crate) mod text_format;
 
@@ -123,21 +124,33 @@ pub(crate) struct Metrics {
     drift_repairs: Counter,
     rejected_objects: Family<Labels, Counter>,
     syncs: Family<Labels, Counter>,
+    node_eligible: Gauge,
+    left_out: Family<Labels, Gauge>,
 }
 
 impl Metrics {
-    /// A registry with every metric registered but the per-service counters.
+    /// A registry with every metric registered but those read from the kernel at scrape time.
     #[cfg(test)]
     pub(crate) fn new() -> Arc<Metrics> {
-        Self::build(None)
+        Self::build(None, None)
     }
 
-    /// A registry with every metric registered, the per-service counters read from `source`.
-    pub(crate) fn with_service_counters(source: Box<dyn service_counters::CounterSource>) -> Arc<Metrics> {
-        Self::build(Some(service_counters::ServiceCounters::new(source)))
+    /// A registry with every metric registered: the per-service counters read from `counters`,
+    /// `nftproxy_check_findings` from `findings`.
+    pub(crate) fn for_node(
+        counters: Box<dyn service_counters::CounterSource>,
+        findings: Box<dyn check_findings::FindingSource>,
+    ) -> Arc<Metrics> {
+        Self::build(
+            Some(service_counters::ServiceCounters::new(counters)),
+            Some(check_findings::CheckFindings::new(findings)),
+        )
     }
 
-    fn build(service_counters: Option<service_counters::ServiceCounters>) -> Arc<Metrics> {
+    fn build(
+        service_counters: Option<service_counters::ServiceCounters>,
+        check_findings: Option<check_findings::CheckFindings>,
+    ) -> Arc<Metrics> {
         let mut registry = Registry::default();
         let m = Metrics {
             families: Mutex::new(vec![IpFamily::V4]),
@@ -163,6 +176,8 @@ impl Metrics {
             drift_repairs: Counter::default(),
             rejected_objects: Family::default(),
             syncs: Family::default(),
+            node_eligible: Gauge::default(),
+            left_out: Family::default(),
             registry: Registry::default(),
         };
         // kube-proxy's (pkg/proxy/metrics/metrics.go, nftables mode), with its help texts;
@@ -267,10 +282,27 @@ impl Metrics {
             m.rejected_objects.clone(),
         );
         r.register("nftproxy_syncs", "Syncs, by reason and result", m.syncs.clone());
+        r.register(
+            "nftproxy_node_eligible",
+            "Whether this node takes load-balancer traffic: 1, or 0 while its Node is being deleted or after it changed (the nodeEligible of /healthz)",
+            m.node_eligible.clone(),
+        );
+        r.register(
+            "nftproxy_objects_left_out",
+            "Objects left out of the ruleset now, by kind: invalid objects the sources skipped, and Services the kernel refused",
+            m.left_out.clone(),
+        );
         if let Some(collector) = service_counters {
             r.register_collector(Box::new(collector));
         }
+        if let Some(collector) = check_findings {
+            r.register_collector(Box::new(collector));
+        }
         m.build_info.get_or_create(&build_labels()).set(1);
+        m.node_eligible.set(1);
+        for kind in ObjectKind::ALL {
+            m.left_out.get_or_create(&vec![label("kind", kind.name())]).set(0);
+        }
         Arc::new(Metrics { registry, ..m })
     }
 
@@ -336,6 +368,19 @@ impl Metrics {
     /// Counts an object or field that could not be programmed.
     pub(crate) fn rejected(&self, kind: ObjectKind) {
         self.rejected_objects.get_or_create(&vec![label("kind", kind.name())]).inc();
+    }
+
+    /// Whether the node takes load-balancer traffic (`/healthz`'s `nodeEligible`).
+    pub(crate) fn node_eligible(&self, eligible: bool) {
+        self.node_eligible.set(i64::from(eligible));
+    }
+
+    /// The objects left out now, by kind (every kind is set: one missing from `counts` is 0).
+    pub(crate) fn left_out(&self, counts: &std::collections::BTreeMap<ObjectKind, usize>) {
+        for kind in ObjectKind::ALL {
+            let n = counts.get(&kind).copied().unwrap_or(0);
+            self.left_out.get_or_create(&vec![label("kind", kind.name())]).set(i64::try_from(n).unwrap_or(i64::MAX));
+        }
     }
 
     /// The text exposition.
@@ -627,8 +672,9 @@ mod tests {
     }
 
     /// kube-proxy's metrics in nftables mode as upstream's `pkg/proxy/metrics/metrics.go`
-    /// defines them (1.33–1.35: the core list of `RegisterMetrics` plus its
-    /// `case ProxyModeNFTables`), and the standard ones its `/metrics` carries beside them
+    /// defines them (v1.37.2: the core list of `RegisterMetrics` plus its
+    /// `case ProxyModeNFTables`, without the families of the alpha
+    /// `KubeProxyNFTablesLocalhostNodePorts` gate, off by default), and the standard ones its `/metrics` carries beside them
     /// (component-base's `kubernetes_build_info`, the Prometheus process collector): the name
     /// as queried, type, label names and buckets. A rename, a retyping, a lost label or moved
     /// buckets fails here.
@@ -709,9 +755,19 @@ mod tests {
     use crate::net::L4Proto;
     use crate::nft::ast::Value;
 
+    /// A node where `check` finds one conflict.
+    #[derive(Debug)]
+    struct OneConflict;
+
+    impl check_findings::FindingSource for OneConflict {
+        fn severities(&self) -> Result<Vec<crate::check::Severity>, String> {
+            Ok(vec![crate::check::Severity::Conflict])
+        }
+    }
+
     /// A registry with a sample in every family.
     fn populated() -> Arc<Metrics> {
-        let m = Metrics::with_service_counters(Box::new(OneOfEach));
+        let m = Metrics::for_node(Box::new(OneOfEach), Box::new(OneConflict));
         let no_local = vec![(IpFamily::V4, NoLocalEndpoints { internal: 1, external: 0 })];
         let mut sample = SyncSample {
             families: vec![IpFamily::V4, IpFamily::V6],

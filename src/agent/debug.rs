@@ -101,6 +101,11 @@ impl Desk {
         });
     }
 
+    /// The objects the sources left out now, by kind.
+    pub(crate) fn skipped_by_kind(&self) -> std::collections::BTreeMap<crate::model::ObjectKind, usize> {
+        self.problems.skipped_by_kind()
+    }
+
     /// Answers every waiting request.
     pub(crate) fn answer(&mut self, index: &ClusterIndex, syncer: &Syncer) {
         while let Ok(request) = self.requests.try_recv() {

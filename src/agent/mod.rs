@@ -204,6 +204,7 @@ impl Observer for AgentObserver {
         if let Some(reason) = self.node_watch.as_mut().and_then(|w| w.check(index.state().node())) {
             // Load balancers stop sending here first; the DaemonSet starts the process again.
             self.health.set_node_eligible(false);
+            self.metrics.node_eligible(false);
             error!(node = %syncer.config().hostname, %reason, "this node's Node changed; exiting so that the proxy restarts with it");
             self.restart.ask(reason);
         }
@@ -217,9 +218,14 @@ impl Observer for AgentObserver {
         syncer: &mut Syncer,
     ) {
         self.took_over(result, syncer);
-        self.health.set_node_eligible(!index.state().node().is_some_and(|n| n.being_deleted));
+        let eligible = !index.state().node().is_some_and(|n| n.being_deleted);
+        self.health.set_node_eligible(eligible);
+        self.metrics.node_eligible(eligible);
         let refused = syncer.take_problems();
         self.report(refused);
+        let mut left_out = self.debug.skipped_by_kind();
+        *left_out.entry(crate::model::ObjectKind::Service).or_insert(0) += syncer.excluded().len();
+        self.metrics.left_out(&left_out);
         let families = families(index.state(), syncer.config());
         let sample = |full: bool, duration: Duration, applied: Option<Applied>, reason: String| SyncSample {
             families: families.clone(),
@@ -424,7 +430,8 @@ pub(crate) fn run(settings: RunSettings) -> Result<(), RunError> {
 
     let health = ProxyHealth::new(settings.timing.sync_period * 2);
     let counters = crate::metrics::service_counters::KernelCounters::new(&settings.proxy.table);
-    let metrics = Metrics::with_service_counters(Box::new(counters));
+    let findings = crate::metrics::check_findings::KernelFindings::new(&settings.proxy.table);
+    let metrics = Metrics::for_node(Box::new(counters), Box::new(findings));
     let limits = Limits::default();
 
     let (tx, rx) = mpsc::channel();

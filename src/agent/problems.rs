@@ -81,6 +81,17 @@ impl ProblemLog {
         }
     }
 
+    /// The objects left out (skipped whole) now, by kind.
+    pub(crate) fn skipped_by_kind(&self) -> BTreeMap<ObjectKind, usize> {
+        let mut counts = BTreeMap::new();
+        for (object, reported) in &self.entries {
+            if reported.problems.iter().any(|p| p.object_skipped) {
+                *counts.entry(object.kind).or_insert(0) += 1;
+            }
+        }
+        counts
+    }
+
     /// Every object's problems, newest report first.
     pub(crate) fn latest(&self) -> Vec<(&ObjectRef, &Reported)> {
         let mut all: Vec<_> = self.entries.iter().collect();

@@ -48,6 +48,15 @@ impl Severity {
             Severity::Conflict => "CONFLICT",
         }
     }
+
+    /// The value of `nftproxy_check_findings`' `severity` label (as `--output json` spells it).
+    pub(crate) fn metric_label(self) -> &'static str {
+        match self {
+            Severity::Info => "info",
+            Severity::Warning => "warning",
+            Severity::Conflict => "conflict",
+        }
+    }
 }
 
 /// What a finding is about (a stable code, for `--output json` and tests).
@@ -236,6 +245,25 @@ fn legacy_commands(tool: &str, l: &crate::takeover::LegacyLeftover) -> Vec<Strin
     out.extend(l.chains.iter().map(|c| format!("{tool} -t {t} -F {c}")));
     out.extend(l.chains.iter().map(|c| format!("{tool} -t {t} -X {c}")));
     out
+}
+
+/// Checks this network namespace as `nftproxy check` does without `--api`: every table read
+/// over netlink, what else holds the netfilter sockets, iptables-legacy, and kube-proxy's
+/// leftovers that `run` would remove.
+pub(crate) fn inspect(table: &str) -> Result<Report, crate::netlink::NetlinkError> {
+    let mut kernel = crate::netlink::Kernel::open()?;
+    let tables = kernel.list_tables()?;
+    let ports: Vec<u32> = tables.iter().filter_map(|t| t.owner).collect();
+    let owners = host::netlink_owners(&ports);
+    let legacy = host::legacy_iptables();
+    let ours = crate::plan::base_chains();
+    let mut report =
+        check(&CheckInput { tables: &tables, table, ours: &ours, owners: &owners, legacy_iptables: &legacy });
+    let leftovers = crate::takeover::Leftovers::read_with(&mut kernel, &tables)?;
+    report.findings.extend(legacy_leftover_findings(&leftovers.legacy));
+    report.findings.sort_by_key(|f| std::cmp::Reverse(f.severity));
+    report.takeover = Some(leftovers).filter(|l| !l.is_empty() || !l.kept.is_empty());
+    Ok(report)
 }
 
 /// Checks the tables of one network namespace against nftproxy's.

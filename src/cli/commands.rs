@@ -161,23 +161,7 @@ fn write_rendered(config: &ProxyConfig, state: &ClusterState, out: &mut impl std
 /// Reads every table here over netlink, checks it against nftproxy's base chains and prints the
 /// report; returns the exit status (0 nothing conflicts, 1 warnings or conflicts).
 fn check(args: &CheckArgs) -> Result<u8, CliError> {
-    let mut kernel = Kernel::open()?;
-    let tables = kernel.list_tables()?;
-    let ports: Vec<u32> = tables.iter().filter_map(|t| t.owner).collect();
-    let owners = crate::check::host::netlink_owners(&ports);
-    let legacy = crate::check::host::legacy_iptables();
-    let ours = crate::plan::base_chains();
-    let mut report = crate::check::check(&crate::check::CheckInput {
-        tables: &tables,
-        table: &args.table.table,
-        ours: &ours,
-        owners: &owners,
-        legacy_iptables: &legacy,
-    });
-    let leftovers = crate::takeover::Leftovers::read_with(&mut kernel, &tables)?;
-    report.findings.extend(crate::check::legacy_leftover_findings(&leftovers.legacy));
-    report.findings.sort_by_key(|f| std::cmp::Reverse(f.severity));
-    report.takeover = Some(leftovers).filter(|l| !l.is_empty() || !l.kept.is_empty());
+    let mut report = crate::check::inspect(&args.table.table)?;
     if args.api || args.kubeconfig.is_some() {
         let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().map_err(CliError::Output)?;
         let (who, denied) = rt.block_on(crate::check::api::denied(args.kubeconfig.as_deref()))?;

@@ -219,6 +219,10 @@ pub enum ObjectKind {
 }
 
 impl ObjectKind {
+    /// Every kind nftproxy reads.
+    pub const ALL: [ObjectKind; 4] =
+        [ObjectKind::Service, ObjectKind::EndpointSlice, ObjectKind::Node, ObjectKind::ServiceCidr];
+
     /// The kind as the API names it.
     pub fn name(self) -> &'static str {
         match self {
