@@ -125,6 +125,55 @@ fn check_names_each_foreign_conflict_and_exits_1() {
     assert!(has("kube-proxy-iptables", "ip filter", None), "{json}");
 }
 
+/// Beside a CNI's rules, written with iptables-nft as the CNI writes them: Calico's iptables
+/// dataplane (`cali-` chains) is a warning naming the Felix setting that matches nftproxy's mode;
+/// kube-router's NetworkPolicy chains (k3s and RKE2 embed them) are a note, never kube-proxy's.
+/// Once Felix runs nftables (its `calico` table, no `cali-` chains) nothing is left to warn about.
+#[test]
+fn check_tells_cni_chains_from_kube_proxys() {
+    if skip_unless_privileged() {
+        return;
+    }
+    let ns = Netns::create("check-cni").unwrap();
+    sync(&ns);
+    let iptables = |args: &[&str]| {
+        ns.exec("iptables-nft", args).unwrap();
+    };
+    for chain in ["cali-FORWARD", "KUBE-ROUTER-FORWARD"] {
+        iptables(&["-t", "filter", "-N", chain]);
+        iptables(&["-t", "filter", "-A", "FORWARD", "-j", chain]);
+    }
+    iptables(&["-t", "filter", "-N", "KUBE-NWPLCY-DEFAULT"]);
+    iptables(&["-t", "filter", "-N", "KUBE-POD-FW-4K2GS3ZQ7GCAR2J7"]);
+
+    let (code, json) = check(&ns, &["--output", "json"]);
+    let report: serde_json::Value = serde_json::from_str(&json).unwrap();
+    let kinds: Vec<(String, String, String)> = report["findings"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| (f["severity"].to_string(), f["kind"].to_string(), f["table"].to_string()))
+        .collect();
+    let has = |severity: &str, kind: &str| {
+        kinds.contains(&(format!("\"{severity}\""), format!("\"{kind}\""), "\"ip filter\"".to_string()))
+    };
+    assert!(has("warning", "calico-iptables"), "{kinds:?}");
+    assert!(has("info", "kube-router-firewall"), "{kinds:?}");
+    assert!(!kinds.iter().any(|(_, k, _)| k.contains("kube-proxy")), "{kinds:?}");
+    assert_eq!(code, Some(1), "{json}");
+    let (_, text) = check(&ns, &[]);
+    assert!(text.contains("nftablesMode: Enabled"), "{text}");
+
+    // Felix switched to nftables: its iptables chains go, its table comes.
+    iptables(&["-t", "filter", "-D", "FORWARD", "-j", "cali-FORWARD"]);
+    iptables(&["-t", "filter", "-X", "cali-FORWARD"]);
+    ns.exec("nft", &["add table ip calico; add chain ip calico filter-FORWARD"]).unwrap();
+    let (code, text) = check(&ns, &[]);
+    assert!(text.contains("Calico's nftables-dataplane table ip calico is here."), "{text}");
+    assert!(!text.contains("cali-"), "{text}");
+    assert_eq!(code, Some(0), "{text}");
+}
+
 #[test]
 fn check_exits_0_with_only_nftproxys_tables() {
     if skip_unless_privileged() {

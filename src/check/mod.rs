@@ -81,6 +81,12 @@ pub(crate) enum FindingKind {
     KubeProxyIptables,
     /// Only kubelet's own `KUBE-` chains.
     KubeletIptables,
+    /// kube-router's NetworkPolicy chains (kube-router's firewall, or k3s' embedded one).
+    KubeRouterFirewall,
+    /// Calico's iptables-dataplane chains (`cali-`) beside nftproxy's nftables rules.
+    CalicoIptables,
+    /// Calico's nftables-dataplane table.
+    CalicoNftables,
     /// Docker's chains.
     Docker,
     /// firewalld's table.
@@ -491,6 +497,18 @@ const KUBE_PROXY_CHAINS: &[&str] = &[
 /// Prefixes of kube-proxy's per-service and per-endpoint chains.
 const KUBE_PROXY_PREFIXES: &[&str] = &["KUBE-SVC-", "KUBE-SVL-", "KUBE-SEP-", "KUBE-EXT-", "KUBE-FW-", "KUBE-XLB-"];
 /// Chains kubelet itself creates; they do not handle services.
+/// Prefixes of kube-router's NetworkPolicy chains (`pkg/controllers/netpol`): not kube-proxy's.
+const KUBE_ROUTER_PREFIXES: &[&str] = &["KUBE-ROUTER-", "KUBE-NWPLCY-", "KUBE-POD-FW-"];
+
+/// The prefix of Felix's iptables chains.
+const CALICO_CHAIN_PREFIX: &str = "cali-";
+
+/// Felix's nftables-dataplane table (in `ip` and `ip6`).
+const CALICO_NFTABLES_TABLE: &str = "calico";
+
+/// The tables iptables-nft writes.
+const IPTABLES_TABLE_NAMES: &[&str] = &["filter", "nat", "mangle", "raw", "security"];
+
 const KUBELET_CHAINS: &[&str] = &[
     "KUBE-FIREWALL",
     "KUBE-KUBELET-CANARY",
@@ -576,7 +594,9 @@ fn recognise(table: &TableInfo, our_name: &str, findings: &mut Vec<Finding>) {
     }
 
     let kube: Vec<&str> = table.chains.iter().map(|c| c.name.as_str()).filter(|n| n.starts_with("KUBE-")).collect();
-    // Any KUBE- chain that is not kubelet's is taken for kube-proxy's.
+    let (router, kube): (Vec<&str>, Vec<&str>) =
+        kube.into_iter().partition(|n| KUBE_ROUTER_PREFIXES.iter().any(|p| n.starts_with(p)));
+    // Any other KUBE- chain that is not kubelet's is taken for kube-proxy's.
     let mut proxy: Vec<&str> = kube.iter().copied().filter(|n| !KUBELET_CHAINS.contains(n)).collect();
     proxy.sort_by_key(|n| kube_proxy_rank(n));
     if !proxy.is_empty() {
@@ -633,6 +653,41 @@ fn recognise(table: &TableInfo, our_name: &str, findings: &mut Vec<Finding>) {
             format!("{label} holds Docker's chains: {}.", name_list(&docker)),
             effect.into(),
             remedy.into(),
+        ));
+    }
+
+    if !router.is_empty() {
+        findings.push(finding(
+            Severity::Info,
+            FindingKind::KubeRouterFirewall,
+            format!("{label} holds kube-router's NetworkPolicy chains: {}.", name_list(&router)),
+            "kube-router's firewall (also embedded in k3s and RKE2) enforces NetworkPolicies on pod traffic              after nftproxy's DNAT, as it does behind kube-proxy; it does not NAT service traffic. Its service              proxy (--run-service-proxy, IPVS) is another matter: it must be off where nftproxy runs."
+                .into(),
+            "Nothing.".into(),
+        ));
+    }
+
+    let calico: Vec<&str> =
+        table.chains.iter().map(|c| c.name.as_str()).filter(|n| n.starts_with(CALICO_CHAIN_PREFIX)).collect();
+    if !calico.is_empty() && IPTABLES_TABLE_NAMES.contains(&table.name.as_str()) {
+        findings.push(finding(
+            Severity::Warning,
+            FindingKind::CalicoIptables,
+            format!("{label} holds Calico's iptables-dataplane chains: {}.", name_list(&calico)),
+            "Calico's Felix runs its iptables dataplane beside nftproxy, which is kube-proxy's nftables mode;              Calico requires its dataplane to match kube-proxy's mode. With NFTablesMode Auto (what the Tigera              operator sets for linuxDataplane: Nftables), Felix decides by looking for kube-proxy's table (ip or              ip6 kube-proxy), which nftproxy replaces, so it picks iptables."
+                .into(),
+            "Make Felix use nftables on this node: a FelixConfiguration named node.<node> with `nftablesMode:              Enabled` (it wins over the operator-managed `default`), or FELIX_NFTABLESMODE=Enabled on calico-node;              without the operator, `nftablesMode: Enabled` in the `default` FelixConfiguration. See              docs/compatibility.md#calico."
+                .into(),
+        ));
+    }
+    if table.name == CALICO_NFTABLES_TABLE {
+        findings.push(finding(
+            Severity::Info,
+            FindingKind::CalicoNftables,
+            format!("Calico's nftables-dataplane table {label} is here."),
+            "Felix enforces policy in nftables mode, matching nftproxy's (kube-proxy's nftables mode), as Calico              requires; it does not NAT service traffic."
+                .into(),
+            "Nothing.".into(),
         ));
     }
 

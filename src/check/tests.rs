@@ -158,6 +158,47 @@ fn kube_proxy_iptables_mode_chains_conflict_and_kubelets_own_are_a_note() {
     assert!(!f.summary.contains("KUBE-MARK-MASQ"), "kubelet's chain is not named as kube-proxy's: {}", f.summary);
 }
 
+/// k3s and kube-router's firewall: their KUBE- chains are not kube-proxy's (the takeover never
+/// removes them, and `check` must not call them a conflict).
+#[test]
+fn kube_routers_netpol_chains_are_not_kube_proxys() {
+    let filter = table(
+        TableFamily::Ip,
+        "filter",
+        vec![
+            accept("FORWARD", FORWARD, 0, "filter", 2),
+            regular("KUBE-ROUTER-FORWARD"),
+            regular("KUBE-ROUTER-INPUT"),
+            regular("KUBE-NWPLCY-DEFAULT"),
+            regular("KUBE-POD-FW-4K2GS3ZQ7GCAR2J7"),
+            regular("KUBE-FIREWALL"),
+        ],
+    );
+    let report = run(&[filter, ours(TableFamily::Ip)]);
+    assert!(has(&report, Severity::Info, FindingKind::KubeRouterFirewall, "ip filter", None), "{:?}", found(&report));
+    assert!(!report.findings.iter().any(|f| f.kind == FindingKind::KubeProxyIptables), "{:?}", found(&report));
+    assert_eq!(report.exit_code(), 0, "{:?}", found(&report));
+}
+
+/// Felix behind nftproxy: its iptables dataplane is a warning naming the setting; its nftables
+/// table a note.
+#[test]
+fn calicos_dataplane_must_be_nftables() {
+    let filter = table(
+        TableFamily::Ip,
+        "filter",
+        vec![accept("FORWARD", FORWARD, 0, "filter", 3), regular("cali-FORWARD"), regular("cali-from-wl-dispatch")],
+    );
+    let report = run(&[filter, ours(TableFamily::Ip)]);
+    assert!(has(&report, Severity::Warning, FindingKind::CalicoIptables, "ip filter", None), "{:?}", found(&report));
+    let f = report.findings.iter().find(|f| f.kind == FindingKind::CalicoIptables).unwrap();
+    assert!(f.remedy.contains("nftablesMode: Enabled"), "{}", f.remedy);
+    let calico = table(TableFamily::Ip, "calico", vec![regular("filter-FORWARD")]);
+    let report = run(&[calico, ours(TableFamily::Ip)]);
+    assert!(has(&report, Severity::Info, FindingKind::CalicoNftables, "ip calico", None), "{:?}", found(&report));
+    assert!(!report.findings.iter().any(|f| f.kind == FindingKind::CalicoIptables));
+}
+
 #[test]
 fn docker_is_recognised_in_nat_and_filter_with_its_forward_drop() {
     let nat = table(
