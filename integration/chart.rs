@@ -207,10 +207,8 @@ resources: {requests: {cpu: 50m, memory: 100Mi}, limits: {memory: 1Gi}}
     assert_eq!(monitor["spec"]["endpoints"][0]["port"], spec.ports.unwrap()[0].name.clone().unwrap());
 
     // The alerts: the rule file's, less the disabled one.
-    let rules: Value = serde_yaml_ng::from_str(
-        &std::fs::read_to_string(chart().join("files/nftproxy.rules.yaml")).unwrap(),
-    )
-    .unwrap();
+    let rules: Value =
+        serde_yaml_ng::from_str(&std::fs::read_to_string(chart().join("files/nftproxy.rules.yaml")).unwrap()).unwrap();
     let names = |groups: &Value| -> Vec<String> {
         groups
             .as_array()
