@@ -73,8 +73,8 @@ fn objects(text: &str) -> BTreeMap<String, Value> {
                 o["metadata"]["namespace"].as_str().unwrap_or(""),
                 o["metadata"]["name"].as_str().unwrap_or("")
             );
-            if o["kind"] == "ConfigMap" {
-                let parsed: Value = serde_yaml_ng::from_str(o["data"]["config.yaml"].as_str().unwrap()).unwrap();
+            if let Some(text) = o["data"]["config.yaml"].as_str() {
+                let parsed: Value = serde_yaml_ng::from_str(text).unwrap();
                 o["data"]["config.yaml"] = parsed;
             }
             (key, o)
@@ -180,7 +180,8 @@ resources: {requests: {cpu: 50m, memory: 100Mi}, limits: {memory: 1Gi}}
 
     // The configuration nftproxy reads: the values' fields and the two addresses, without a
     // warning.
-    let cm: ConfigMap = typed(raw.iter().find(|o| o["kind"] == "ConfigMap").unwrap());
+    let cm: ConfigMap =
+        typed(raw.iter().find(|o| o["kind"] == "ConfigMap" && o["metadata"]["name"] == "nftproxy").unwrap());
     let text = cm.data.unwrap().remove("config.yaml").unwrap();
     let (kp, warnings) = nftproxy::config::kubeproxy::KubeProxyConfiguration::parse(&text).unwrap();
     assert!(warnings.is_empty(), "{warnings:?}");
@@ -191,7 +192,10 @@ resources: {requests: {cpu: 50m, memory: 100Mi}, limits: {memory: 1Gi}}
     assert_eq!(kp.cluster_cidrs(), ["10.1.0.0/16", "fd00:1::/56"]);
     // `config` is merged into the defaults.
     let merged = documents(&template("config: {clusterCIDR: 10.9.0.0/16}").unwrap());
-    let text = merged.iter().find(|o| o["kind"] == "ConfigMap").unwrap()["data"]["config.yaml"].as_str().unwrap();
+    let text = merged.iter().find(|o| o["kind"] == "ConfigMap" && o["metadata"]["name"] == "nftproxy").unwrap()["data"]
+        ["config.yaml"]
+        .as_str()
+        .unwrap();
     let (kp, _) = nftproxy::config::kubeproxy::KubeProxyConfiguration::parse(text).unwrap();
     assert_eq!((kp.cluster_cidrs(), kp.masquerade_bit()), (vec!["10.9.0.0/16".to_string()], 14));
 
