@@ -29,6 +29,7 @@ use crate::common::*;
 use nftproxy::net::L4Proto;
 use nftproxy_tools::controlplane::ControlPlane;
 use nftproxy_tools::lab::traffic;
+use nftproxy_tools::process::ProcessGroup;
 // Differences from upstream that nftproxy makes on purpose, by check name, each a row of
 // docs/differences.md: one list, shared with the randomised clusters (integration/random.rs).
 // Any other difference fails the test, and so does a listed one of this test's checks that no
@@ -405,10 +406,11 @@ impl Held {
     }
 }
 
-/// A proxy process in node1, stopped (SIGTERM, then SIGKILL) when dropped.
+/// A proxy process in node1, leading a process group of its own (upstream's `nft` and
+/// `iptables-restore` children stop with it), killed with it when dropped.
 struct Running {
     proxy: Proxy,
-    child: Option<std::process::Child>,
+    process: ProcessGroup,
     log: std::path::PathBuf,
     /// When it was started (wall clock, as the sync timestamp metric has it).
     started: std::time::SystemTime,
@@ -430,13 +432,12 @@ impl Running {
             // At level 2 upstream logs each sync's end ("SyncProxyRules complete").
             Proxy::UpstreamNftables | Proxy::UpstreamIptables => command.arg("--v=2"),
         };
-        let child = command
+        command
             .arg(format!("--config={}", config.display()))
             .stdout(std::process::Stdio::null())
-            .stderr(std::fs::File::create(&log).expect("log"))
-            .spawn()
-            .expect("spawn the proxy");
-        Running { proxy, child: Some(child), log, started }
+            .stderr(std::fs::File::create(&log).expect("log"));
+        let process = ProcessGroup::spawn(&mut command).expect("spawn the proxy");
+        Running { proxy, process, log, started }
     }
 
     fn text(&self) -> String {
@@ -460,41 +461,12 @@ impl Running {
 
     /// Stops the process as an operator's restart does: SIGTERM, then SIGKILL after 10 s.
     fn stop(&mut self) {
-        if let Some(mut c) = self.child.take() {
-            let pid = nix::unistd::Pid::from_raw(c.id() as i32);
-            let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM);
-            let deadline = Instant::now() + Duration::from_secs(10);
-            while Instant::now() < deadline {
-                if c.try_wait().ok().flatten().is_some() {
-                    return;
-                }
-                std::thread::sleep(Duration::from_millis(20));
-            }
-            let _ = c.kill();
-            let _ = c.wait();
-        }
+        self.process.stop(Duration::from_secs(10));
     }
 
     /// Waits up to `within` for the process to exit by itself; its exit code.
     fn exit_within(&mut self, within: Duration) -> Option<Option<i32>> {
-        let deadline = Instant::now() + within;
-        while Instant::now() < deadline {
-            if let Some(status) = self.child.as_mut().and_then(|c| c.try_wait().ok().flatten()) {
-                self.child = None;
-                return Some(status.code());
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        None
-    }
-}
-
-impl Drop for Running {
-    fn drop(&mut self) {
-        if let Some(mut c) = self.child.take() {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
+        self.process.exit_within(within).map(|status| status.code())
     }
 }
 

@@ -9,6 +9,11 @@ use std::net::{IpAddr, Ipv4Addr};
 use nftproxy::model::*;
 use nftproxy::net::{IpFamily, L4Proto};
 
+/// The cluster CIDR the synthetic pods live in ([`endpoint_ip`]'s range).
+pub const CLUSTER_CIDR: &str = "10.128.0.0/9";
+/// The node the proxy runs as (it holds every 20th endpoint).
+pub const NODE: &str = "node1";
+
 /// The shape of a synthetic cluster.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Size {

@@ -4,14 +4,15 @@
 
 use std::io::{BufRead, BufReader};
 use std::path::Path;
-use std::process::{Child, Stdio};
+use std::process::Stdio;
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError};
 use std::time::{Duration, Instant, SystemTime};
 
 use serde_json::Value;
 
-use super::BenchError;
+use super::error::BenchError;
 use crate::lab::Netns;
+use crate::process::{self, ProcessGroup};
 
 /// One line of the agent's JSON log.
 #[derive(Debug, Clone)]
@@ -77,7 +78,7 @@ impl LogLine {
 
 /// A running `nftproxy` process.
 pub struct Agent {
-    child: Child,
+    process: ProcessGroup,
     lines: Receiver<LogLine>,
     /// Lines read so far and not yet taken.
     backlog: Vec<LogLine>,
@@ -91,15 +92,11 @@ impl Agent {
     pub fn start(ns: &Netns, args: &[String]) -> Result<Agent, BenchError> {
         let binary = crate::nftproxy_binary();
         let started = SystemTime::now();
-        let mut child = ns
-            .command(&binary.to_string_lossy())
-            .args(args)
-            .args(["--logging-format", "json"])
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .map_err(|e| BenchError::Tool("nftproxy".into(), e.to_string()))?;
-        let stderr = child.stderr.take().ok_or_else(|| BenchError::Worker("no stderr".into()))?;
+        let mut command = ns.command(&binary.to_string_lossy());
+        command.args(args).args(["--logging-format", "json"]).stdout(Stdio::null()).stderr(Stdio::piped());
+        let mut process =
+            ProcessGroup::spawn(&mut command).map_err(|e| BenchError::Tool("nftproxy".into(), e.to_string()))?;
+        let stderr = process.take_stderr().ok_or_else(|| BenchError::Worker("no stderr".into()))?;
         let (tx, lines) = mpsc::channel();
         std::thread::spawn(move || {
             for line in BufReader::new(stderr).lines() {
@@ -111,12 +108,12 @@ impl Agent {
                 }
             }
         });
-        Ok(Agent { child, lines, backlog: Vec::new(), complaints: Vec::new(), started })
+        Ok(Agent { process, lines, backlog: Vec::new(), complaints: Vec::new(), started })
     }
 
     /// The process id.
     pub fn pid(&self) -> u32 {
-        self.child.id()
+        self.process.id()
     }
 
     /// Remembers what the agent complained about.
@@ -173,63 +170,23 @@ impl Agent {
 
     /// CPU time used so far (user and system).
     pub fn cpu(&self) -> Duration {
-        cpu_time(self.pid()).unwrap_or_default()
+        process::cpu_time(self.pid()).unwrap_or_default()
     }
 
     /// Resident memory now, bytes.
     pub fn rss(&self) -> u64 {
-        status_kib(self.pid(), "VmRSS:") * 1024
+        process::rss(self.pid())
     }
 
     /// Peak resident memory so far, bytes.
     pub fn peak_rss(&self) -> u64 {
-        status_kib(self.pid(), "VmHWM:") * 1024
+        process::peak_rss(self.pid())
     }
 
     /// Stops the process (SIGTERM, then SIGKILL after 5 s) and reaps it.
     pub fn stop(mut self) {
-        let pid = nix::unistd::Pid::from_raw(self.child.id() as i32);
-        let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM);
-        let deadline = Instant::now() + Duration::from_secs(5);
-        while Instant::now() < deadline {
-            if matches!(self.child.try_wait(), Ok(Some(_))) {
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        self.process.stop(Duration::from_secs(5));
     }
-}
-
-impl Drop for Agent {
-    fn drop(&mut self) {
-        if matches!(self.child.try_wait(), Ok(None)) {
-            let _ = self.child.kill();
-            let _ = self.child.wait();
-        }
-    }
-}
-
-/// A `/proc/<pid>/status` field in KiB.
-fn status_kib(pid: u32, field: &str) -> u64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix(field))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        .unwrap_or(0)
-}
-
-/// User plus system CPU time of a process, from `/proc/<pid>/stat`.
-fn cpu_time(pid: u32) -> Option<Duration> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    // The command name may hold spaces: fields are counted after its closing parenthesis.
-    let rest = &stat[stat.rfind(')')? + 2..];
-    let fields: Vec<&str> = rest.split_whitespace().collect();
-    let ticks: u64 = fields.get(11)?.parse::<u64>().ok()? + fields.get(12)?.parse::<u64>().ok()?;
-    let hz = nix::unistd::sysconf(nix::unistd::SysconfVar::CLK_TCK).ok().flatten().unwrap_or(100).max(1) as u64;
-    Some(Duration::from_nanos(ticks * 1_000_000_000 / hz))
 }
 
 /// What a short-lived command cost: its wall time and peak memory.
@@ -285,16 +242,5 @@ mod tests {
         assert_eq!(c.at.duration_since(c.started()).unwrap(), c.took);
         assert!(LogLine::parse("not json").is_none());
         assert!(LogLine::parse(r#"{"timestamp":"2026-11-23T23:26:18Z","message":"x"}"#).unwrap().commit().is_none());
-    }
-
-    #[test]
-    fn this_process_has_cpu_time_and_memory() {
-        let pid = std::process::id();
-        assert!(status_kib(pid, "VmRSS:") > 0);
-        let spin = Instant::now();
-        while spin.elapsed() < Duration::from_millis(50) {
-            std::hint::black_box(spin.elapsed());
-        }
-        assert!(cpu_time(pid).unwrap() > Duration::ZERO);
     }
 }

@@ -13,7 +13,7 @@ use std::time::{Duration, SystemTime};
 use futures::{StreamExt as _, TryStreamExt as _};
 use serde_json::{Value, json};
 
-use super::BenchError;
+use super::error::BenchError;
 use crate::controlplane::ControlPlane;
 
 /// The annotation both proxies turn into `kubeproxy_network_programming_duration_seconds`.

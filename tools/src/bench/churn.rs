@@ -13,7 +13,8 @@ use std::time::{Duration, Instant, SystemTime};
 use serde_json::json;
 
 use super::agent::{Agent, Commit};
-use super::{BenchError, mib, ms, quantile};
+use super::error::BenchError;
+use super::figures::{mib, ms, quantile};
 use crate::apiserver::FakeApi;
 use crate::cluster::{self, Size};
 use crate::lab::servers::ServerSpec;

@@ -10,13 +10,11 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant, SystemTime};
 
 use super::agent::{Agent, Commit, Cost, file_size, measure};
-use super::{BenchError, mib, ms, quantile};
+use super::error::BenchError;
+use super::figures::{mib, ms, quantile};
 use crate::apiserver::FakeApi;
-use crate::cluster::{self, Size};
+use crate::cluster::{self, CLUSTER_CIDR, Size};
 use crate::lab::Netns;
-
-/// The cluster CIDR of the synthetic pods.
-const CLUSTER_CIDR: &str = super::CLUSTER_CIDR;
 
 /// The flags every `nftproxy` command of this benchmark gets.
 fn proxy_flags() -> Vec<String> {

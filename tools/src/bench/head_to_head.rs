@@ -33,9 +33,11 @@ use std::time::{Duration, Instant, SystemTime};
 use serde_json::{Value, json};
 
 use super::api::{self, ApiClient, NewObject, Write};
+use super::error::BenchError;
+use super::figures::{mib, ms, quantile};
 use super::kernel::KernelCommits;
 use super::proxies::{self, FULL_SYNC, Histogram, PROGRAMMING, Proxy, Running, SYNC};
-use super::{BenchError, Record, mib, ms, quantile};
+use super::record::{self, Record, Report};
 use crate::cluster::{Size, endpoint_ip};
 use crate::controlplane::{ControlPlane, KUBE_PROXY_IDENTITY, UpstreamBins};
 use crate::lab::Lab;
@@ -184,7 +186,7 @@ fn churn_service(services: usize, k: u64) -> usize {
 }
 
 /// Runs the head-to-head at every size; each size's tables are added to `report` as it ends.
-pub fn run(plan: &Plan, record: &Record, report: &mut super::Report) -> Result<Vec<SizeResult>, BenchError> {
+pub fn run(plan: &Plan, record: &Record, report: &mut Report) -> Result<Vec<SizeResult>, BenchError> {
     let bins = UpstreamBins::locate().map_err(|e| BenchError::HeadToHead(e.to_string()))?;
     report.add(&intro(plan, &bins));
     let mut results = Vec::new();
@@ -199,8 +201,8 @@ pub fn run(plan: &Plan, record: &Record, report: &mut super::Report) -> Result<V
 }
 
 fn intro(plan: &Plan, bins: &UpstreamBins) -> String {
-    let iptables = super::tool_output("iptables", &["--version"]);
-    let kube_proxy = super::tool_output(&bins.path("kube-proxy").to_string_lossy(), &["--version"]);
+    let iptables = record::tool_output("iptables", &["--version"]);
+    let kube_proxy = record::tool_output(&bins.path("kube-proxy").to_string_lossy(), &["--version"]);
     format!(
         "\n## Head to head with upstream kube-proxy\n\n\
          Upstream's kube-proxy ({kube_proxy}, built by `scripts/upstream-bins`) in nftables mode, \

@@ -30,7 +30,7 @@ use nix::sys::socket::{
 };
 use nix::sys::time::TimeVal;
 
-use super::BenchError;
+use super::error::BenchError;
 use crate::lab::Netns;
 
 /// The nftables multicast group (`NFNLGRP_NFTABLES`).

@@ -14,10 +14,13 @@ pub mod api;
 pub mod churn;
 pub mod dataplane;
 pub mod e2e;
+pub mod error;
+pub mod figures;
 pub mod head_to_head;
 pub mod kernel;
 mod plot;
 pub mod proxies;
+pub mod record;
 pub mod upstream;
 pub mod worker;
 
@@ -27,40 +30,15 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use clap::Args;
-use thiserror::Error;
 
-use crate::cluster::{self, Size};
-use crate::lab::{LabError, Netns};
+pub use error::BenchError;
+use figures::{mib, ms, quantile};
+pub use record::{Record, Report};
+
+use crate::cluster::{self, CLUSTER_CIDR, NODE, Size};
+use crate::lab::Netns;
 use nftproxy::model::ClusterState;
 use worker::{ChangeKind, Phase, SyncFigures, WorkerReport};
-
-/// The cluster CIDR the synthetic pods live in (see [`cluster`]).
-pub const CLUSTER_CIDR: &str = "10.128.0.0/9";
-/// The node the proxy runs as.
-pub const NODE: &str = "node1";
-
-/// Errors of the benchmark.
-#[derive(Debug, Error)]
-pub enum BenchError {
-    #[error(transparent)]
-    Lab(#[from] LabError),
-    #[error(transparent)]
-    Sync(#[from] nftproxy::sync::SyncError),
-    #[error(transparent)]
-    Netlink(#[from] nftproxy::netlink::NetlinkError),
-    #[error(transparent)]
-    DataPlane(#[from] dataplane::DataPlaneError),
-    #[error("{0} failed: {1}")]
-    Tool(String, String),
-    #[error("benchmark worker: {0}")]
-    Worker(String),
-    #[error("invalid size {0:?}: expected SERVICESxENDPOINTS, e.g. 10000x10")]
-    Size(String),
-    #[error("{0}")]
-    Io(#[from] std::io::Error),
-    #[error("head to head: {0}")]
-    HeadToHead(String),
-}
 
 /// `nftproxy bench` options.
 #[derive(Debug, Clone, Args)]
@@ -348,15 +326,15 @@ pub fn run(args: &BenchArgs) -> Result<(), BenchError> {
     crate::lab::cleanup_stale();
     stop_children_on_signal();
     let args = args.effective();
-    let record = Record::new(&args)?;
+    let record = Record::new(args.results.as_deref(), args.quick && !args.record)?;
     let mut report = Report::default();
-    report.add(&record.header(&args));
+    report.add(&record.header(args.note.as_deref()));
     let result = run_parts(&args, &record, &mut report);
     if let Err(e) = &result {
         report.add(&format!("\n**The run stopped with an error**: {e}\n"));
     }
     let path = record.results();
-    std::fs::write(&path, &report.text)?;
+    std::fs::write(&path, report.text())?;
     eprintln!("bench: results written to {}", path.display());
     result
 }
@@ -487,117 +465,6 @@ fn stop_children_on_signal() {
         eprintln!("bench: interrupted; the processes it started and its namespaces were removed");
         std::process::exit(128 + signal);
     });
-}
-
-/// The Markdown a run prints, kept for its results file.
-#[derive(Debug, Default)]
-pub struct Report {
-    text: String,
-}
-
-impl Report {
-    /// Prints `section` and keeps it.
-    pub fn add(&mut self, section: &str) {
-        print!("{section}");
-        let _ = std::io::Write::flush(&mut std::io::stdout());
-        self.text.push_str(section);
-    }
-}
-
-/// Where a run's results file and plots go: `DIR/DATE.md`, or `DIR/DATE-HHMM.md` when the
-/// day already has one (UTC), plots beside it named after it.
-#[derive(Debug, Clone)]
-pub struct Record {
-    dir: PathBuf,
-    stem: String,
-    /// The run's start, `YYYY-MM-DD HH:MM` UTC.
-    started: String,
-}
-
-/// The source tree's results directory (this crate is its `tools/`).
-fn docs_results() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/performance/results")
-}
-
-impl Record {
-    fn new(args: &BenchArgs) -> Result<Record, BenchError> {
-        let dir = match &args.results {
-            Some(dir) => dir.clone(),
-            None if args.quick && !args.record => std::env::temp_dir().join("nftproxy-bench-quick"),
-            None => {
-                let dir = docs_results();
-                if !dir.is_dir() {
-                    return Err(BenchError::Worker(format!(
-                        "{} does not exist (the binary was built from another tree): pass --results DIR",
-                        dir.display()
-                    )));
-                }
-                dir
-            }
-        };
-        std::fs::create_dir_all(&dir)?;
-        let now = humantime::format_rfc3339_seconds(std::time::SystemTime::now()).to_string();
-        let (date, hhmm) = (&now[..10], format!("{}{}", &now[11..13], &now[14..16]));
-        let stem = if dir.join(format!("{date}.md")).exists() { format!("{date}-{hhmm}") } else { date.to_string() };
-        Ok(Record { dir, stem, started: format!("{date} {}:{}", &now[11..13], &now[14..16]) })
-    }
-
-    /// The results file.
-    pub fn results(&self) -> PathBuf {
-        self.dir.join(format!("{}.md", self.stem))
-    }
-
-    /// A file beside the results file (`DATE[-HHMM]-<suffix>`).
-    pub fn file(&self, suffix: &str) -> PathBuf {
-        self.dir.join(format!("{}-{suffix}", self.stem))
-    }
-
-    /// How the results file links to `path`: by name when it is beside it.
-    pub fn link(&self, path: &Path) -> String {
-        match (path.parent(), path.file_name()) {
-            (Some(dir), Some(name)) if dir == self.dir => name.to_string_lossy().into_owned(),
-            _ => path.display().to_string(),
-        }
-    }
-
-    /// The results file's head: the command, the commit, the machine.
-    fn header(&self, args: &BenchArgs) -> String {
-        let command: Vec<String> = std::env::args().skip(1).collect();
-        let profile = if cfg!(debug_assertions) { "debug" } else { "release" };
-        let mut out = format!(
-            "# {} UTC: `nftproxy {}`\n\n{}; {profile} build. {}",
-            self.started,
-            command.join(" "),
-            commit(),
-            machine()
-        );
-        if let Some(note) = &args.note {
-            out.push_str(&format!("\n{note}\n"));
-        }
-        out
-    }
-}
-
-/// The commit of the source tree the binary was built from, as git sees it now.
-fn commit() -> String {
-    let repo = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
-    let git = |args: &[&str]| {
-        Command::new("git")
-            .arg("-C")
-            .arg(&repo)
-            .args(args)
-            .output()
-            .ok()
-            .filter(|o| o.status.success())
-            .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
-    };
-    match git(&["log", "-1", "--format=%h (%cs)"]) {
-        Some(head) => {
-            let dirty = git(&["status", "--porcelain", "--untracked-files=no"]).is_some_and(|s| !s.is_empty());
-            format!("Commit {head}{}", if dirty { " with uncommitted changes" } else { "" })
-        }
-        None => "Commit unknown (no git tree)".into(),
-    }
 }
 
 /// Parses `SERVICESxENDPOINTS` (e.g. `10000x10`).
@@ -731,61 +598,6 @@ impl Drop for Scratch {
     fn drop(&mut self) {
         let _ = std::fs::remove_dir_all(&self.0);
     }
-}
-
-/// One line describing the machine: CPU, cores, kernel, nft.
-fn machine() -> String {
-    let cpu = std::fs::read_to_string("/proc/cpuinfo")
-        .ok()
-        .and_then(|c| {
-            c.lines()
-                .find_map(|l| l.strip_prefix("model name"))
-                .map(|v| v.trim_start_matches([' ', '\t', ':']).to_string())
-        })
-        .unwrap_or_else(|| "unknown CPU".into());
-    let cores = std::thread::available_parallelism().map_or(0, |n| n.get());
-    let kernel = tool_output("uname", &["-r"]);
-    let nft = tool_output("nft", &["--version"]);
-    let mem = std::fs::read_to_string("/proc/meminfo")
-        .ok()
-        .and_then(|m| m.lines().next().map(|l| l.split_whitespace().nth(1).unwrap_or("0").parse::<u64>().unwrap_or(0)))
-        .unwrap_or(0);
-    let iptables = tool_output("iptables", &["--version"]);
-    format!("Machine: {cpu}, {cores} cores, {} GiB RAM, Linux {kernel}, {nft}, {iptables}.\n", mem / 1024 / 1024)
-}
-
-fn tool_output(program: &str, args: &[&str]) -> String {
-    Command::new(program)
-        .args(args)
-        .output()
-        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
-        .unwrap_or_else(|_| format!("no {program}"))
-}
-
-fn ms(d: Duration) -> String {
-    let ms = d.as_secs_f64() * 1000.0;
-    if ms >= 10_000.0 {
-        format!("{:.1} s", ms / 1000.0)
-    } else if ms >= 100.0 {
-        format!("{ms:.0} ms")
-    } else {
-        format!("{ms:.1} ms")
-    }
-}
-
-fn mib(bytes: u64) -> String {
-    format!("{:.0} MiB", bytes as f64 / (1024.0 * 1024.0))
-}
-
-/// The `q`-quantile (nearest rank) of `values`.
-fn quantile(values: &[Duration], q: f64) -> Duration {
-    if values.is_empty() {
-        return Duration::ZERO;
-    }
-    let mut v = values.to_vec();
-    v.sort();
-    let rank = ((q * v.len() as f64).ceil() as usize).clamp(1, v.len());
-    v[rank - 1]
 }
 
 fn anchor(report: &Option<WorkerReport>, cap: Duration) -> String {
@@ -979,14 +791,5 @@ mod tests {
         assert!(parse_size("10000").is_err());
         assert!(parse_size("0x10").is_err());
         assert!(parse_size("10x100").is_err());
-    }
-
-    #[test]
-    fn quantiles_are_nearest_rank() {
-        let v: Vec<Duration> = (1..=100).map(Duration::from_millis).collect();
-        assert_eq!(quantile(&v, 0.5), Duration::from_millis(50));
-        assert_eq!(quantile(&v, 0.99), Duration::from_millis(99));
-        assert_eq!(quantile(&v, 1.0), Duration::from_millis(100));
-        assert_eq!(quantile(&[], 0.5), Duration::ZERO);
     }
 }

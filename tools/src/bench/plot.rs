@@ -4,7 +4,7 @@ use std::path::Path;
 
 use plotters::prelude::*;
 
-use super::BenchError;
+use super::error::BenchError;
 
 fn failed(e: impl std::fmt::Display) -> BenchError {
     BenchError::Worker(format!("cannot draw the churn plot: {e}"))

@@ -7,12 +7,13 @@
 use std::fmt;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Stdio};
+use std::process::Stdio;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use super::BenchError;
+use super::error::BenchError;
 use crate::controlplane::UpstreamBins;
 use crate::lab::{Netns, traffic};
+use crate::process::{self, ProcessGroup};
 
 /// Where every proxy serves its metrics, inside the node's namespace.
 pub const METRICS_ADDRESS: &str = "127.0.0.1:10249";
@@ -83,16 +84,15 @@ pub fn config_file(mode: &str, kubeconfig: &Path, cluster_cidr: &str) -> String 
     )
 }
 
-/// A proxy process in the node's namespace, killed on drop.
+/// A proxy process in the node's namespace, leading a process group of its own, killed with it
+/// on drop.
 pub struct Running {
     pub proxy: Proxy,
-    child: Child,
+    process: ProcessGroup,
     /// When it was started.
     pub started: Instant,
     node: String,
     log: PathBuf,
-    /// Waited for: its PID may be another process's now.
-    reaped: bool,
 }
 
 impl Running {
@@ -110,21 +110,21 @@ impl Running {
             command.arg("run");
         }
         let started = Instant::now();
-        // A process group of its own: upstream's `nft` and `iptables-restore` children are
-        // stopped with it (an `iptables-restore` of 44,000 services outlives a killed parent).
-        let child = std::os::unix::process::CommandExt::process_group(&mut command, 0)
+        command
             .arg(format!("--config={}", config.display()))
             .stdin(Stdio::null())
             .stdout(Stdio::null())
-            .stderr(std::fs::File::create(log)?)
-            .spawn()
+            .stderr(std::fs::File::create(log)?);
+        // A process group of its own: upstream's `nft` and `iptables-restore` children are
+        // stopped with it.
+        let process = ProcessGroup::spawn(&mut command)
             .map_err(|e| BenchError::Tool(binary.display().to_string(), e.to_string()))?;
-        Ok(Running { proxy, child, started, node: node.name().to_string(), log: log.to_path_buf(), reaped: false })
+        Ok(Running { proxy, process, started, node: node.name().to_string(), log: log.to_path_buf() })
     }
 
     /// The process id (`ip netns exec` execs the proxy itself).
     pub fn pid(&self) -> u32 {
-        self.child.id()
+        self.process.id()
     }
 
     /// Its `/metrics` text, `None` while it does not answer.
@@ -155,7 +155,7 @@ impl Running {
             if self.last_sync().is_some_and(|t| t > 0.0) {
                 return Ok(self.started.elapsed());
             }
-            if self.exited() {
+            if self.process.exited() {
                 return Err(self.failure("exited before its first sync"));
             }
             if Instant::now() > deadline {
@@ -191,61 +191,23 @@ impl Running {
 
     /// CPU time so far: its own and that of the children it has waited for.
     pub fn cpu(&self) -> Duration {
-        cpu_time(self.pid()).unwrap_or_default()
+        process::cpu_time_with_children(self.pid()).unwrap_or_default()
     }
 
     /// Resident memory now, bytes.
     pub fn rss(&self) -> u64 {
-        status_kib(self.pid(), "VmRSS:") * 1024
+        process::rss(self.pid())
     }
 
     /// Peak resident memory so far, bytes.
     pub fn peak_rss(&self) -> u64 {
-        status_kib(self.pid(), "VmHWM:") * 1024
+        process::peak_rss(self.pid())
     }
 
     /// Stops it as a DaemonSet rollout does (SIGTERM; SIGKILL after 10 s) and reaps it, and
     /// whatever of its process group is left. Both proxies leave their rules in place.
     pub fn stop(mut self) {
-        let pid = nix::unistd::Pid::from_raw(self.child.id() as i32);
-        let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM);
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while Instant::now() < deadline && !self.exited() {
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        self.kill_group();
-    }
-
-    /// Whether it has exited, without reaping it: until it is reaped its PID (its process
-    /// group's ID) cannot be another process's.
-    fn exited(&self) -> bool {
-        use nix::sys::wait::{Id, WaitPidFlag, WaitStatus, waitid};
-        if self.reaped {
-            return true;
-        }
-        let flags = WaitPidFlag::WEXITED | WaitPidFlag::WNOHANG | WaitPidFlag::WNOWAIT;
-        !matches!(
-            waitid(Id::Pid(nix::unistd::Pid::from_raw(self.child.id() as i32)), flags),
-            Ok(WaitStatus::StillAlive)
-        )
-    }
-
-    /// SIGKILL to its process group (itself and the children it started), then reaps it.
-    fn kill_group(&mut self) {
-        if self.reaped {
-            return;
-        }
-        let pid = nix::unistd::Pid::from_raw(self.child.id() as i32);
-        let _ = nix::sys::signal::killpg(pid, nix::sys::signal::Signal::SIGKILL);
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-        self.reaped = true;
-    }
-}
-
-impl Drop for Running {
-    fn drop(&mut self) {
-        self.kill_group();
+        self.process.stop(Duration::from_secs(10));
     }
 }
 
@@ -364,27 +326,6 @@ impl Histogram {
         }
         None
     }
-}
-
-/// A `/proc/<pid>/status` field in KiB.
-fn status_kib(pid: u32, field: &str) -> u64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix(field))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        .unwrap_or(0)
-}
-
-/// utime + stime + cutime + cstime of a process, from `/proc/<pid>/stat`.
-fn cpu_time(pid: u32) -> Option<Duration> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    // The command name may hold spaces: fields are counted after its closing parenthesis.
-    let rest = &stat[stat.rfind(')')? + 2..];
-    let fields: Vec<&str> = rest.split_whitespace().collect();
-    let ticks: u64 = (11..=14).map(|i| fields.get(i)?.parse::<u64>().ok()).sum::<Option<u64>>()?;
-    let hz = nix::unistd::sysconf(nix::unistd::SysconfVar::CLK_TCK).ok().flatten().unwrap_or(100).max(1) as u64;
-    Some(Duration::from_nanos(ticks * 1_000_000_000 / hz))
 }
 
 #[cfg(test)]

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use clap::{Args, ValueEnum};
 use serde::{Deserialize, Serialize};
 
-use super::BenchError;
+use super::error::BenchError;
 use crate::cluster::{self, Size};
 use nftproxy::config::{ProxyConfig, parse_cidrs};
 use nftproxy::index::{Change, ClusterIndex, Update};
