@@ -5,7 +5,13 @@
 use std::collections::BTreeMap;
 use std::fs;
 
-use super::Process;
+/// A process holding a netlink socket.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Process {
+    pub pid: u32,
+    /// Its `/proc/PID/comm`.
+    pub comm: String,
+}
 
 /// `NETLINK_NETFILTER`, the protocol column of `/proc/net/netlink`.
 const NETLINK_NETFILTER: u32 = 12;

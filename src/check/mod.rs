@@ -18,6 +18,8 @@ pub(crate) mod api;
 pub(crate) mod host;
 pub(crate) mod permissions;
 
+pub(crate) use host::Process;
+
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
 
@@ -127,14 +129,6 @@ pub(crate) struct Finding {
     pub effect: String,
     /// What to do about it.
     pub remedy: String,
-}
-
-/// A process holding a netlink socket.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct Process {
-    pub pid: u32,
-    /// Its `/proc/PID/comm`.
-    pub comm: String,
 }
 
 /// Everything [`check`] looks at.

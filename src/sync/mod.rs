@@ -248,6 +248,21 @@ impl Syncer {
         self.needs_full || self.programmed.is_none()
     }
 
+    /// What is programmed for the services `query` selects, `state` being the cluster as the
+    /// index holds it now (services changed since the last sync are described from it, and
+    /// marked [`PortState::Pending`]).
+    pub fn status(&self, state: &ClusterState, query: &StatusQuery) -> SyncStatus {
+        let records = status::Records {
+            config: &self.config,
+            programmed: self.programmed.as_ref(),
+            targets: &self.targets,
+            excluded: &self.excluded,
+            ownership: self.ownership,
+            needs_full_sync: self.needs_full(),
+        };
+        records.status(state, query)
+    }
+
     /// Issue 14: `ops` (kube-proxy's leftovers to delete) go first in the next full sync's
     /// transaction, so they and nftproxy's rules take effect in one commit; they are sent with
     /// every full sync until one succeeds. Replaces what was handed before (empty: nothing).

@@ -5,7 +5,8 @@
 
 use std::collections::BTreeMap;
 
-use super::Syncer;
+use super::programmed::Programmed;
+use crate::config::ProxyConfig;
 use crate::model::{ClusterState, Endpoint, NamespacedName, ServicePort};
 use crate::net::IpFamily;
 use crate::nodeaddr::NodePortTargets;
@@ -81,11 +82,21 @@ pub struct SyncStatus {
     pub excluded: Vec<(NamespacedName, String)>,
 }
 
-impl Syncer {
+/// What a status reads of the syncer's records.
+pub(super) struct Records<'a> {
+    pub config: &'a ProxyConfig,
+    pub programmed: Option<&'a Programmed>,
+    pub targets: &'a Option<NodePortTargets>,
+    pub excluded: &'a BTreeMap<NamespacedName, String>,
+    pub ownership: bool,
+    pub needs_full_sync: bool,
+}
+
+impl Records<'_> {
     /// What is programmed for the services `query` selects, `state` being the cluster as the
     /// index holds it now (services changed since the last sync are described from it, and
     /// marked [`PortState::Pending`]).
-    pub fn status(&self, state: &ClusterState, query: &StatusQuery) -> SyncStatus {
+    pub(super) fn status(&self, state: &ClusterState, query: &StatusQuery) -> SyncStatus {
         let mut ports = Vec::new();
         let mut matched = 0;
         for service in state.services().filter(|s| query.selects(&s.name) && !self.excluded.contains_key(&s.name)) {
@@ -93,7 +104,7 @@ impl Syncer {
             if ports.len() >= query.limit {
                 continue;
             }
-            let record = self.programmed.as_ref().and_then(|p| p.service(&service.name));
+            let record = self.programmed.and_then(|p| p.service(&service.name));
             // The record shares its objects with the state it was planned from.
             let current = state.snapshot(&service.name);
             let unchanged = record.is_some_and(|r| r.state == current);
@@ -132,7 +143,7 @@ impl Syncer {
             node: self.config.hostname.clone(),
             table: self.config.table.clone(),
             owns_tables: self.ownership,
-            needs_full_sync: self.needs_full(),
+            needs_full_sync: self.needs_full_sync,
             nodeports: self.targets.clone(),
             ports,
             matched,
@@ -144,13 +155,11 @@ impl Syncer {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::ProxyConfig;
     use crate::index::Pending;
     use crate::netlink::FakeNetfilter;
-    use crate::nodeaddr::NodePortTargets;
     use crate::plan::NodePorts;
     use crate::source::manifests;
-    use crate::sync::SyncReason;
+    use crate::sync::{SyncReason, Syncer};
 
     fn state(yaml: &str) -> ClusterState {
         let mut m = manifests::Manifests::default();

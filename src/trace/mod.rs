@@ -25,11 +25,9 @@ use crate::net::IpFamily;
 use crate::net::headers::{self, protocol_name};
 use crate::netlink::trace::{TraceEvent, TraceListener, TraceMatch, TraceTable};
 use crate::netlink::{Kernel, NetlinkError};
-use packet::{Correlator, PacketTrace};
+use packet::{Correlator, PacketTrace, TABLE_PREFIX};
 use report::{Context, PacketReport};
 
-/// Trace tables are named this and the tracing process's id.
-pub(crate) const TABLE_PREFIX: &str = "nftproxy-trace-";
 /// A packet is complete after this long without events (one packet's events arrive within
 /// microseconds).
 const QUIET: Duration = Duration::from_millis(300);

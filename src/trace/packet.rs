@@ -17,6 +17,10 @@ use std::time::{Duration, Instant};
 use crate::netlink::inventory::TableFamily;
 use crate::netlink::trace::{TraceEvent, TraceKind};
 
+/// Trace tables are named this and the tracing process's id (events of another process's trace
+/// table are not this trace's).
+pub(crate) const TABLE_PREFIX: &str = "nftproxy-trace-";
+
 /// One traced packet.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct PacketTrace {
@@ -68,7 +72,7 @@ impl Correlator {
     }
 
     fn is_another_trace(&self, e: &TraceEvent) -> bool {
-        e.family == Some(TableFamily::Inet) && e.table.starts_with(super::TABLE_PREFIX) && e.table != self.table
+        e.family == Some(TableFamily::Inet) && e.table.starts_with(TABLE_PREFIX) && e.table != self.table
     }
 
     /// Folds in one event; returns the packets it completes (a start reusing an open id).

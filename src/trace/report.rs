@@ -243,7 +243,7 @@ impl fmt::Display for PacketReport<'_> {
                 f,
                 "  service   none: {} is a ClusterIP, but no service port of it serves {}{}",
                 h.destination,
-                super::headers::protocol_name(h.protocol),
+                crate::net::headers::protocol_name(h.protocol),
                 h.destination_port().map(|p| format!(" port {p}")).unwrap_or_default()
             )?,
             (None, _) => writeln!(f, "  service   none: nftproxy programmed nothing for this destination")?,

@@ -7,6 +7,7 @@
 //! manifests file (`demo/control_plane.rs`).
 
 mod control_plane;
+mod error;
 
 use std::fmt::Write as _;
 use std::net::SocketAddr;
@@ -17,10 +18,11 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use clap::Args;
-use thiserror::Error;
 
-use crate::controlplane::ControlPlaneError;
 use crate::lab::traffic::{self, Tally};
+pub use error::DemoError;
+use error::check;
+
 use crate::lab::{self, Lab, LabError, Netns, ServerSpec};
 use nftproxy::net::L4Proto;
 
@@ -50,19 +52,6 @@ pub struct DemoArgs {
     pub apiserver: bool,
 }
 
-/// Why the demo stopped.
-#[derive(Debug, Error)]
-pub enum DemoError {
-    #[error(transparent)]
-    Lab(#[from] LabError),
-    #[error("interrupted; the lab was removed")]
-    Interrupted,
-    #[error("{0}")]
-    Agent(String),
-    #[error(transparent)]
-    ControlPlane(ControlPlaneError),
-}
-
 /// Where `nftproxy run` reads the cluster from.
 enum Source {
     /// `--manifests`: the bundled examples/cluster.yaml.
@@ -83,10 +72,6 @@ impl Drop for Agent {
         let _ = self.child.wait();
         let _ = std::fs::remove_dir_all(&self.dir);
     }
-}
-
-fn check(stop: &AtomicBool) -> Result<(), DemoError> {
-    if stop.load(Ordering::Relaxed) { Err(DemoError::Interrupted) } else { Ok(()) }
 }
 
 fn addr(s: &str) -> SocketAddr {
@@ -175,7 +160,7 @@ fn demo(args: &DemoArgs, stop: &Arc<AtomicBool>) -> Result<(), DemoError> {
     // Dropped in reverse: the agent, then the control plane, then the lab.
     let control_plane = if args.apiserver { Some(control_plane::start(&mut lab, stop)?) } else { None };
     let source = match &control_plane {
-        Some(cp) => Source::Kubeconfig(control_plane::populate(cp, &lab, stop)?),
+        Some(cp) => Source::Kubeconfig(control_plane::populate(cp, &lab, DEMO_MANIFESTS, stop)?),
         None => Source::Manifests,
     };
     let agent = start_agent(&lab.node("node1").ns, stop, &source)?;

@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 
-use super::{DEMO_MANIFESTS, DemoError, check};
+use super::error::{DemoError, check};
 use crate::controlplane::{ControlPlane, ControlPlaneError};
 use crate::lab::{Lab, topology};
 
@@ -92,10 +92,10 @@ pub(crate) fn start(lab: &mut Lab, stop: &Arc<AtomicBool>) -> Result<ControlPlan
     Ok(cp)
 }
 
-/// Makes the demo's cluster through the API and returns a kubeconfig for nftproxy's
-/// ServiceAccount.
-pub(crate) fn populate(cp: &ControlPlane, lab: &Lab, stop: &AtomicBool) -> Result<String, DemoError> {
-    let services = services(DEMO_MANIFESTS).map_err(DemoError::Agent)?;
+/// Makes the demo's cluster (the Services of `manifests`) through the API and returns a
+/// kubeconfig for nftproxy's ServiceAccount.
+pub(crate) fn populate(cp: &ControlPlane, lab: &Lab, manifests: &str, stop: &AtomicBool) -> Result<String, DemoError> {
+    let services = services(manifests).map_err(DemoError::Agent)?;
     println!(
         "\nkubectl apply: examples/cluster.yaml's Services (its Nodes and EndpointSlices left out; \
          selector {}: {} added to {})",
@@ -244,7 +244,7 @@ mod tests {
 
     #[test]
     fn the_example_services_get_selectors_and_lose_slices_and_nodes() {
-        let s = services(DEMO_MANIFESTS).unwrap();
+        let s = services(crate::demo::DEMO_MANIFESTS).unwrap();
         let list: Value = serde_json::from_str(&s.list).unwrap();
         let items = list["items"].as_array().unwrap();
         assert!(items.iter().all(|i| i["kind"] == "Service"), "{items:?}");

@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 
 use nix::sched::{CloneFlags, setns};
 
-use super::LabError;
+use super::error::LabError;
 
 static COUNTER: AtomicU32 = AtomicU32::new(0);
 

@@ -10,7 +10,7 @@ use std::sync::mpsc;
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use super::LabError;
+use super::error::LabError;
 use super::netns::Netns;
 use nftproxy::net::L4Proto;
 

@@ -16,7 +16,7 @@
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
-use super::LabError;
+use super::error::LabError;
 use super::netns::Netns;
 use super::servers::{EchoServers, ServerSpec};
 
@@ -87,7 +87,7 @@ fn sysctl(ns: &Netns, key: &str, value: &str) -> Result<(), LabError> {
 impl Lab {
     /// An empty lab: just the wan router.
     pub fn new() -> Result<Lab, LabError> {
-        super::require_privileges()?;
+        super::privileges::require_privileges()?;
         let wan = Netns::create("wan")?;
         for key in ["net.ipv4.conf.all.send_redirects", "net.ipv4.conf.default.send_redirects"] {
             sysctl(&wan, key, "0")?;

@@ -12,6 +12,7 @@
 //! `nftproxy-tools random --seeds 0..500` runs it and writes a dated results file
 //! ([`report_markdown`]); the integration test `random::` runs a handful of seeds.
 
+pub mod error;
 pub mod generate;
 pub mod lab;
 pub mod probe;
@@ -20,28 +21,8 @@ pub mod run;
 use std::fmt::Write as _;
 use std::path::PathBuf;
 
-use thiserror::Error;
-
+pub use error::RandomError;
 pub use run::{Options, Report};
-
-/// Errors running the randomised differential.
-#[derive(Debug, Error)]
-pub enum RandomError {
-    #[error(transparent)]
-    Lab(#[from] crate::lab::LabError),
-    #[error(transparent)]
-    ControlPlane(#[from] crate::controlplane::ControlPlaneError),
-    #[error("{0}")]
-    Io(#[from] std::io::Error),
-    #[error("{0}")]
-    Cluster(String),
-    #[error("seed {seed}: the API server refused the objects: {why}")]
-    Invalid { seed: u64, why: String },
-    #[error("{proxy}: {why}; its log ends:\n{log}")]
-    Proxy { proxy: &'static str, why: String, log: String },
-    #[error("--seeds {0}: expected A..B or a comma-separated list")]
-    Seeds(String),
-}
 
 /// `nftproxy-tools random` options.
 #[derive(Debug, clap::Args)]

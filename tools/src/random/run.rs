@@ -12,7 +12,7 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use super::RandomError;
+use super::error::RandomError;
 use super::generate::{Kind, LABEL, Scenario, generate};
 use super::lab::{self as rlab, EchoServers, PODS};
 use super::probe::{self, Disagreement, Outcome, Prediction, Probe, Who};
