@@ -3,7 +3,7 @@
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 
-use super::NetlinkError;
+use super::error::NetlinkError;
 use super::socket::Socket;
 use crate::net::IpFamily;
 

@@ -6,8 +6,8 @@ use std::sync::Arc;
 
 use nftnl_sys as sys;
 
-use super::NetlinkError;
 use super::decode::{a, absent_is_empty, dump_elements};
+use super::error::NetlinkError;
 use super::socket::Socket;
 use crate::net::IpFamily;
 use crate::nft::lower::nfproto;

@@ -10,7 +10,7 @@ use std::sync::Arc;
 use indexmap::IndexMap;
 use nftnl_sys as sys;
 
-use super::NetlinkError;
+use super::error::NetlinkError;
 use super::socket::{NLM_F_ACK, NLM_F_DUMP, Socket};
 use super::sys::{self as raw, Body, ExprRef, msg};
 use crate::net::IpFamily;

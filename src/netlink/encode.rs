@@ -9,7 +9,7 @@ use std::collections::HashMap;
 use nftnl::{Batch, FinalizedBatch, MsgType};
 use nftnl_sys as sys;
 
-use super::NetlinkError;
+use super::error::NetlinkError;
 use super::sys::{self as raw, BatchMessage, Object, msg};
 use crate::nft::ast::Owner;
 use crate::nft::diff::{Op, OpKind, OpSink, OpTag, Transaction};

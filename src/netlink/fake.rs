@@ -5,7 +5,8 @@
 
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
-use super::{ApplyStats, MessageFailure, Netfilter, NetlinkError};
+use super::error::{MessageFailure, NetlinkError};
+use super::netfilter::{ApplyStats, Netfilter};
 use crate::net::IpFamily;
 use crate::nft::diff::{OpKind, Transaction};
 use crate::nft::kernel::{self, Refusal};
@@ -41,7 +42,7 @@ impl FakeNetfilter {
 
     /// Another process commits a transaction (of its own tables).
     pub fn foreign_commit(&mut self) {
-        self.generation = super::next_generation(self.generation);
+        self.generation = super::generation::next(self.generation);
     }
 }
 
@@ -132,7 +133,7 @@ impl Netfilter for FakeNetfilter {
         }
         self.state = state;
         if !tx.is_empty() {
-            self.generation = super::next_generation(self.generation);
+            self.generation = super::generation::next(self.generation);
         }
         self.applied.push(tx.clone());
         Ok(ApplyStats { operations: tx.ops.len(), messages: tx.ops.len(), ..ApplyStats::default() })

@@ -6,7 +6,7 @@
 //! that nobody changed anything since, and its next transaction cannot silently overwrite a
 //! change it has not seen.
 
-use super::NetlinkError;
+use super::error::NetlinkError;
 use super::socket::Socket;
 
 /// `NFNL_SUBSYS_NFTABLES`

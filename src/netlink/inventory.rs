@@ -5,8 +5,8 @@
 
 use nftnl_sys as sys;
 
-use super::NetlinkError;
 use super::decode::{a, absent_is_empty};
+use super::error::NetlinkError;
 use super::socket::{NLM_F_DUMP, Socket};
 use super::sys::{self as raw, Body, msg};
 use crate::nft::wire::udata;

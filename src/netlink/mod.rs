@@ -5,10 +5,12 @@ pub(crate) mod conntrack;
 mod counters;
 mod decode;
 mod encode;
+mod error;
 pub mod fake;
 mod generation;
 pub(crate) mod inventory;
 pub(crate) mod ipvs;
+mod netfilter;
 #[cfg(test)]
 mod roundtrip;
 pub(crate) mod trace;
@@ -23,152 +25,19 @@ mod sys;
 mod sockopt;
 pub(crate) mod xtables;
 
-use std::io;
-use std::ops::ControlFlow;
 use std::time::{Duration, Instant};
-
-use thiserror::Error;
 
 use crate::net::IpFamily;
 use crate::nft::ast::Owner;
-use crate::nft::diff::{OpSink, OpTag, Transaction};
+use crate::nft::diff::{OpTag, Transaction};
 use crate::nft::wire::{WireKey, WireRuleset};
 
 pub(crate) use counters::CountedElement;
+pub use error::{MessageFailure, NetlinkError};
 pub use fake::{FakeNetfilter, SharedFake};
 pub(crate) use inventory::{BaseChainInfo, ChainInfo, ChainPolicy, RuleInfo, TableFamily, TableInfo};
 pub use inventory::{TABLE_F_OWNER, TABLE_F_PERSIST};
-
-/// Errors from the kernel edge.
-#[derive(Debug, Error)]
-pub enum NetlinkError {
-    #[error("cannot open a netfilter netlink socket: {0} (nftproxy needs CAP_NET_ADMIN)")]
-    Socket(#[source] io::Error),
-    #[error("sending the batch failed: {0}")]
-    Send(#[source] io::Error),
-    #[error("reading kernel replies failed: {0}")]
-    Receive(#[source] io::Error),
-    #[error("kernel replies were lost (receive buffer overrun); the outcome of the transaction is unknown")]
-    RepliesLost,
-    #[error("the kernel did not confirm the commit (no ACK for BATCH_END)")]
-    NotCommitted,
-    #[error("reading the ruleset failed: {0}")]
-    Dump(#[source] io::Error),
-    #[error("malformed netlink message: {0}")]
-    Malformed(&'static str),
-    #[error("out of memory in libnftnl")]
-    OutOfMemory,
-    #[error("name {0:?} contains a NUL byte")]
-    InvalidName(String),
-    #[error("the batch needs {pages} pages, more than one sendmsg can carry")]
-    BatchTooLarge { pages: usize },
-    #[error("cannot encode foreign expression {0:?}")]
-    ForeignExpression(String),
-    #[error(
-        "table {table} is owned by another process (netlink port {port}): a second nftproxy, or a tool run with \
-         `flags owner`; `nftproxy check` names it"
-    )]
-    OwnedElsewhere { table: String, port: u32 },
-    #[error("cannot receive nftables trace events: {0} (this needs CAP_NET_ADMIN in the network namespace)")]
-    Subscribe(#[source] io::Error),
-    #[error("cannot create the trace table {table}: {source}")]
-    TraceTable {
-        table: String,
-        #[source]
-        source: io::Error,
-    },
-    #[error("the kernel rejected the transaction: {}", describe(.0))]
-    Rejected(Vec<MessageFailure>),
-    #[error("another transaction committed since the generation the batch expected; nothing was applied")]
-    GenerationChanged,
-}
-
-fn describe(failures: &[MessageFailure]) -> String {
-    failures.iter().map(|f| f.to_string()).collect::<Vec<_>>().join("; ")
-}
-
-/// One message the kernel refused, and whom it was for.
-#[derive(Debug, Clone)]
-pub struct MessageFailure {
-    /// Index of the operation in the transaction.
-    pub op_index: usize,
-    /// What the operation does.
-    pub tag: OpTag,
-    /// The operation, as text (`add rule ip nftproxy services`).
-    pub op: String,
-    /// Positive errno.
-    pub errno: i32,
-    /// The owners this failure points at (one element, or the operation's owner).
-    pub owners: Vec<Owner>,
-    /// Kernel error text, if any.
-    pub text: Option<String>,
-}
-
-impl std::fmt::Display for MessageFailure {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let err = io::Error::from_raw_os_error(self.errno);
-        let owners: Vec<String> = self.owners.iter().map(|o| o.to_string()).collect();
-        write!(f, "{} failed for {}: {err}", self.op, owners.join(", "))?;
-        if let Some(t) = &self.text {
-            write!(f, " ({t})")?;
-        }
-        Ok(())
-    }
-}
-
-/// What applying a transaction cost.
-#[derive(Debug, Clone, Copy, Default)]
-pub struct ApplyStats {
-    /// Operations applied (an element operation may take several messages).
-    pub operations: usize,
-    /// Netlink messages sent, BEGIN/END excluded.
-    pub messages: usize,
-    /// Batch size in bytes.
-    pub bytes: usize,
-    /// Time spent encoding the batch (for [`Netfilter::apply_stream`], finishing it: the
-    /// operations are encoded as they are produced).
-    pub encode: Duration,
-    /// Time inside sendmsg and reading the replies (the kernel's work).
-    pub kernel: Duration,
-}
-
-/// Produces a transaction's operations into a sink; breaking abandons the transaction.
-pub type StreamWriter<'a> = dyn FnMut(&mut dyn OpSink) -> ControlFlow<()> + 'a;
-
-/// Something that holds nftables state: the kernel, or a fake for tests.
-pub trait Netfilter {
-    /// Applies all operations atomically, or none.
-    fn apply(&mut self, tx: &Transaction) -> Result<ApplyStats, NetlinkError>;
-
-    /// Applies the operations `write` produces, atomically, as [`Netfilter::apply`] does. The
-    /// kernel encodes each operation as it arrives, so the whole transaction is never held in
-    /// memory. When `write` breaks, nothing is applied and `Ok(None)` is returned.
-    fn apply_stream(&mut self, write: &mut StreamWriter<'_>) -> Result<Option<ApplyStats>, NetlinkError> {
-        let mut tx = Transaction::default();
-        if write(&mut tx).is_break() {
-            return Ok(None);
-        }
-        self.apply(&tx).map(Some)
-    }
-
-    /// Reads the named tables (those that exist).
-    fn read(&mut self, tables: &[(IpFamily, &str)]) -> Result<WireRuleset, NetlinkError>;
-
-    /// The keys of one set's elements (none when the set does not exist): the clients the
-    /// kernel recorded in an affinity set.
-    fn set_keys(&mut self, family: IpFamily, table: &str, set: &str) -> Result<Vec<WireKey>, NetlinkError>;
-
-    /// The ruleset generation: the kernel increments it with every transaction committed in
-    /// this network namespace, any table's. `None` when this handle cannot tell.
-    fn generation(&mut self) -> Result<Option<u32>, NetlinkError> {
-        Ok(None)
-    }
-
-    /// Makes the next transaction conditional on the generation still being `genid`: otherwise
-    /// nothing is applied and it fails with [`NetlinkError::GenerationChanged`]. `None` sends
-    /// it unconditionally.
-    fn expect_generation(&mut self, _genid: Option<u32>) {}
-}
+pub use netfilter::{ApplyStats, Netfilter, StreamWriter};
 
 pub(crate) use generation::next as next_generation;
 

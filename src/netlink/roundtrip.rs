@@ -19,10 +19,11 @@
 use std::collections::BTreeSet;
 use std::net::IpAddr;
 
+use super::decode;
 use super::decode::decode_rule;
 use super::encode::{encode, encode_expr};
+use super::error::NetlinkError;
 use super::sys::{self as raw, Body, each_message, msg};
-use super::{NetlinkError, decode};
 use crate::net::{IpFamily, L4Proto};
 use crate::nft::ast::*;
 use crate::nft::diff::{Op, OpKind, Transaction};

@@ -11,7 +11,7 @@
 use std::io;
 use std::os::fd::RawFd;
 
-use super::NetlinkError;
+use super::error::NetlinkError;
 use super::sys::{Body, Received};
 
 /// `NLM_F_DUMP`: every object the request's filter matches.

@@ -8,7 +8,7 @@ use std::ptr::NonNull;
 
 use nftnl_sys as sys;
 
-use super::NetlinkError;
+use super::error::NetlinkError;
 
 /// nf_tables message types (`enum nf_tables_msg_types`).
 pub(super) mod msg {

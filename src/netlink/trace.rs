@@ -23,12 +23,13 @@ use std::time::Duration;
 use nftnl::{Batch, MsgType};
 use nftnl_sys as sys;
 
+use super::Kernel;
 use super::decode::a;
 use super::encode::encode_expr;
+use super::error::NetlinkError;
 use super::inventory::TableFamily;
 use super::socket::{NLM_F_DUMP, Socket};
 use super::sys::{self as raw, BatchMessage, Body, Object, msg};
-use super::{Kernel, NetlinkError};
 use crate::nft::wire::consts::{CMP_EQ, CMP_NEQ, CT_STATE, CT_STATE_NEW, META_L4PROTO, POLICY_ACCEPT, REG_1, REG32_00};
 use crate::nft::wire::{LowExpr, PayloadBase, udata};
 
