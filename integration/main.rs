@@ -14,6 +14,7 @@ mod common;
 
 mod alerts;
 mod architecture;
+mod audit;
 mod chart;
 mod check;
 mod clusterip;

@@ -59,6 +59,9 @@ pub struct KubeProxyExtras {
     pub feature_gates: BTreeMap<String, bool>,
     /// `--v`: klog's verbosity.
     pub verbosity: Option<u32>,
+    /// component-base's alpha logging options (`--log-json-info-buffer-size`,
+    /// `--log-text-split-stream`, …) as `logging.options` fields: (`json.infoBufferSize`, value).
+    pub logging_options: Vec<(String, String)>,
     /// Flags given that nftproxy accepts but does not use (names without dashes).
     pub unused: Vec<String>,
     /// Flags given that upstream ignores when `--config` is given (names without dashes).
@@ -166,10 +169,10 @@ const FLAGS: &[(&str, Kind, Target)] = &[
     ("log-flush-frequency", Value, Unused),
     ("v", Value, Extra),
     ("vmodule", Value, Unused),
-    ("log-text-split-stream", Bool, Unused),
-    ("log-text-info-buffer-size", Value, Unused),
-    ("log-json-split-stream", Bool, Unused),
-    ("log-json-info-buffer-size", Value, Unused),
+    ("log-text-split-stream", Bool, Extra),
+    ("log-text-info-buffer-size", Value, Extra),
+    ("log-json-split-stream", Bool, Extra),
+    ("log-json-info-buffer-size", Value, Extra),
     ("version", Bool, Extra),
     ("help", Bool, Extra),
 ];
@@ -389,6 +392,19 @@ pub fn translate(argv: &[OsString]) -> Result<Translated, FlagError> {
                 "help" if parse_bool(flag, &value)? => action = Action::Help,
                 "cleanup" | "init-only" | "version" | "help" => {}
                 "feature-gates" => parse_gates(&value, &mut extras.feature_gates)?,
+                "log-text-split-stream"
+                | "log-json-split-stream"
+                | "log-text-info-buffer-size"
+                | "log-json-info-buffer-size" => {
+                    let (format, option) = flag.trim_start_matches("log-").split_once('-').unwrap_or(("", ""));
+                    let field = if option == "split-stream" { "splitStream" } else { "infoBufferSize" };
+                    let value = if kind == Bool { parse_bool(flag, &value)?.to_string() } else { value };
+                    extras.logging_options.retain(|(f, _)| *f != format!("{format}.{field}"));
+                    extras.logging_options.push((format!("{format}.{field}"), value));
+                    if !extras.unused.iter().any(|u| u == flag) {
+                        extras.unused.push(flag.to_string());
+                    }
+                }
                 "master" => extras.master = Some(value).filter(|m| !m.is_empty()),
                 "proxy-mode" => extras.mode = Some(value),
                 "oom-score-adj" => extras.oom_score_adj = Some(parse_int(flag, &value)?),

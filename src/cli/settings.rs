@@ -66,6 +66,18 @@ impl RunArgs {
         let mut kp = KubeProxyConfiguration::defaults();
         kp.mode = x.mode.clone().unwrap_or_default();
         kp.feature_gates = x.feature_gates.clone();
+        for (field, value) in &x.logging_options {
+            let (format, option) = field.split_once('.').unwrap_or((field.as_str(), ""));
+            let value = match value.as_str() {
+                "true" => serde_json::Value::Bool(true),
+                "false" => serde_json::Value::Bool(false),
+                other => serde_json::Value::from(other),
+            };
+            if !kp.logging.options.is_object() {
+                kp.logging.options = serde_json::json!({});
+            }
+            kp.logging.options[format][option] = value;
+        }
         kp.client_connection.kubeconfig = self.kubeconfig.clone().unwrap_or_default();
         kp.bind_address = self.proxy.bind_address.trim().to_string();
         kp.healthz_bind_address =
@@ -114,6 +126,41 @@ impl RunArgs {
         kp
     }
 
+    /// Flags that kube-proxy takes but the configured mode or detect-local mode never reads, as
+    /// upstream ignores them: named, so that nothing is ignored in silence.
+    fn flags_the_mode_ignores(&self, kp: &KubeProxyConfiguration) -> Vec<String> {
+        let x = &self.kube_proxy;
+        let mut out = Vec::new();
+        let ipvs = kp.mode == "ipvs";
+        let mode = if kp.mode.is_empty() { "\"\" (iptables)" } else { kp.mode.as_str() };
+        let periods = [
+            ("ipvs-sync-period", x.ipvs_periods.0.is_some() && !ipvs),
+            ("ipvs-min-sync-period", x.ipvs_periods.1.is_some() && !ipvs),
+            ("iptables-sync-period", x.iptables_periods.0.is_some() && ipvs),
+            ("iptables-min-sync-period", x.iptables_periods.1.is_some() && ipvs),
+        ];
+        for (flag, ignored) in periods {
+            if ignored {
+                out.push(format!("--{flag}: not read in mode {mode}, as kube-proxy does not read it; ignored"));
+            }
+        }
+        let detect = kp.detect_local_mode.as_str();
+        let detect_flags = [
+            ("pod-bridge-interface", self.proxy.pod_bridge_interface.is_some(), "BridgeInterface"),
+            ("pod-interface-name-prefix", self.proxy.pod_interface_name_prefix.is_some(), "InterfaceNamePrefix"),
+            ("cluster-cidr", !self.proxy.cluster_cidr.trim().is_empty(), "ClusterCIDR"),
+        ];
+        for (flag, given, needs) in detect_flags {
+            let used = detect == needs || (needs == "ClusterCIDR" && detect.is_empty());
+            if given && !used {
+                out.push(format!(
+                    "--{flag}: read only with --detect-local-mode {needs} (it is {detect}), as kube-proxy reads it; ignored"
+                ));
+            }
+        }
+        out
+    }
+
     /// kube-proxy's configuration with upstream's precedence: with `--config`, the file (every
     /// kube-proxy flag but `--hostname-override` and the logging flags is then ignored, with a
     /// warning naming it); without, the flags. Validated as upstream validates it. Returns the
@@ -145,7 +192,11 @@ impl RunArgs {
                 }
                 kp
             }
-            None => self.kube_proxy_config_from_flags(),
+            None => {
+                let kp = self.kube_proxy_config_from_flags();
+                warnings.extend(self.flags_the_mode_ignores(&kp));
+                kp
+            }
         };
         // Upstream: a non-empty flag wins (all whitespace is refused); an empty one is as if
         // absent. Whatever the source, the name is trimmed and lowercased (GetHostname).
@@ -156,6 +207,7 @@ impl RunArgs {
             kp.hostname_override = h.to_string();
         }
         kp.hostname_override = kp.hostname_override.trim().to_lowercase();
+        warnings.extend(kp.complete()?);
         kp.validate()?;
         Ok((kp, warnings))
     }
@@ -272,6 +324,7 @@ pub(super) fn conntrack_settings(
 ) -> Result<crate::conntrack::sysctls::ConntrackSysctls, ConfigError> {
     let Some(path) = &args.config else { return Ok(args.conntrack.sysctls()) };
     let (kp, _unused_fields) = read_config(path)?;
+    kp.complete()?;
     kp.validate()?;
     let explicit = explicit_in(matches);
     for (id, flag) in FILE_WINS.iter().filter(|(id, _)| id.starts_with("conntrack_")) {

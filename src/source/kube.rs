@@ -50,19 +50,24 @@ pub enum KubeSourceError {
 }
 
 /// A client from `--kubeconfig`, or in-cluster (service account), or the usual inference;
-/// `master` (kube-proxy's `--master`) replaces the server address.
+/// `master` (kube-proxy's `--master`) replaces the server address. As upstream's
+/// `createClient`: `--master` without a kubeconfig is that server alone (no in-cluster
+/// credentials, no inference).
 pub(crate) async fn client(kubeconfig: Option<&str>, master: Option<&str>) -> Result<Client, KubeSourceError> {
-    let mut config = match kubeconfig {
-        Some(path) => {
+    let mut config = match (kubeconfig, master) {
+        (None, Some(master)) => {
+            kube::Config::new(master.parse().map_err(|_| KubeSourceError::Master(master.to_string()))?)
+        }
+        (Some(path), _) => {
             let kc = kube::config::Kubeconfig::read_from(path)
                 .map_err(|source| KubeSourceError::Kubeconfig { path: path.to_string(), source })?;
             kube::Config::from_custom_kubeconfig(kc, &kube::config::KubeConfigOptions::default())
                 .await
                 .map_err(|source| KubeSourceError::Kubeconfig { path: path.to_string(), source })?
         }
-        None => {
+        (None, None) => {
             let config = kube::Config::infer().await.map_err(|e| KubeSourceError::Infer(e.to_string()))?;
-            if master.is_none() && through_service_ip(|k| std::env::var(k).ok()) {
+            if through_service_ip(|k| std::env::var(k).ok()) {
                 THROUGH_SERVICE_IP.store(true, std::sync::atomic::Ordering::Relaxed);
                 info!(
                     server = %config.cluster_url,

@@ -366,11 +366,9 @@ fn unused_fields(prefix: &str, v: &Value, mode: ProxyMode, warnings: &mut Vec<St
     let Value::Object(map) = v else { return };
     for (k, child) in map {
         let path = if prefix.is_empty() { k.clone() } else { format!("{prefix}.{k}") };
-        if path == "featureGates"
-            && let Value::Object(gates) = child
-        {
-            // Feature gates are upstream's; each one set is named.
-            warnings.extend(gates.keys().map(|g| format!("featureGates.{g}: not used by nftproxy, ignored")));
+        if path == "featureGates" {
+            // Checked as upstream checks them (`complete`): refused or named there.
+            continue;
         } else if !known(&path) {
             // A section (`iptables:`, `conntrack:`) is known when any of its fields is.
             if child.is_object() && KNOWN.iter().any(|f| f.starts_with(&format!("{path}."))) {
@@ -578,6 +576,33 @@ impl KubeProxyConfiguration {
 
     /// Upstream's validation, with its messages (`field.ErrorList.ToAggregate()`): `Err` holds
     /// `failed validate: ` and the errors, one or `[a, b]`.
+    /// What upstream's `Complete` checks before validation: the feature gates, refused as
+    /// upstream refuses them (unknown, or locked to the other value) and each one that would
+    /// switch something named in a warning ([`super::feature_gates::review`]).
+    pub fn complete(&self) -> Result<Vec<String>, ConfigError> {
+        let warnings = super::feature_gates::review(&self.feature_gates)?;
+        // component-base refuses its alpha logging options unless their gate is on.
+        if self.feature_gates.get("LoggingAlphaOptions") != Some(&true) {
+            for format in ["json", "text"] {
+                let options = &self.logging.options[format];
+                let buffer = match &options["infoBufferSize"] {
+                    Value::Null => false,
+                    Value::String(s) => !s.is_empty() && s != "0",
+                    Value::Number(n) => n.as_f64() != Some(0.0),
+                    _ => true,
+                };
+                for (field, set) in [("infoBufferSize", buffer), ("splitStream", options["splitStream"] == true)] {
+                    if set {
+                        return Err(ConfigError::Logging(format!(
+                            "logging.options.{format}.{field}: Forbidden: Feature LoggingAlphaOptions is disabled"
+                        )));
+                    }
+                }
+            }
+        }
+        Ok(warnings)
+    }
+
     pub fn validate(&self) -> Result<(), ConfigError> {
         let mut errs: Vec<String> = Vec::new();
         let bit_range = |errs: &mut Vec<String>, path: &str, bit: Option<i32>| {
@@ -1020,7 +1045,6 @@ mod tests {
             warnings,
             [
                 "conntrack.nope: unknown field, ignored",
-                "featureGates.Foo: not used by nftproxy, ignored",
                 "ipvs.scheduler: not used by nftproxy, ignored",
                 "whatIsThis: unknown field, ignored",
                 "apiVersion/kind missing: expected kubeproxy.config.k8s.io/v1alpha1 KubeProxyConfiguration; reading it as one",

@@ -1,6 +1,7 @@
 //! Validated settings shared by every command.
 
 pub mod duration;
+pub mod feature_gates;
 pub mod kubeproxy;
 
 use std::net::IpAddr;
@@ -34,6 +35,12 @@ pub enum ConfigError {
     /// Upstream's validation errors, in its words.
     #[error("failed validate: {0}")]
     Invalid(String),
+    /// What upstream refuses before validating (an unknown or locked feature gate), in its words.
+    #[error("failed complete: {0}")]
+    Complete(String),
+    /// What upstream's logging set-up refuses (an alpha option without its gate), in its words.
+    #[error("initialize logging: {0}")]
+    Logging(String),
 }
 
 /// How pod traffic is told apart from other traffic (kube-proxy's `detectLocalMode`).
