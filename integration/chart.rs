@@ -7,6 +7,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
+use clap::CommandFactory;
 use k8s_openapi::api::apps::v1::DaemonSet;
 use k8s_openapi::api::core::v1::{ConfigMap, Service};
 use serde_json::Value;
@@ -145,6 +146,7 @@ configFile: |
   iptables: {syncPeriod: 1m}
   metricsBindAddress: 10.0.0.1:9999
 extraArgs: [--table-ownership=false]
+debug: {bindAddress: "127.0.0.1:10259"}
 tolerations: []
 resources: {requests: {cpu: 50m, memory: 100Mi}, limits: {memory: 1Gi}}
 "#,
@@ -169,7 +171,13 @@ resources: {requests: {cpu: 50m, memory: 100Mi}, limits: {memory: 1Gi}}
     assert_eq!(from.get("KUBERNETES_SERVICE_HOST").map(String::as_str), api["metadata"]["name"].as_str());
     assert_eq!(api["data"]["KUBERNETES_SERVICE_HOST"], "192.0.2.10");
     assert_eq!(api["data"]["KUBERNETES_SERVICE_PORT"], "6443");
-    assert!(c.args.clone().unwrap().contains(&"--table-ownership=false".to_string()));
+    let args = c.args.clone().unwrap();
+    assert!(args.contains(&"--table-ownership=false".to_string()));
+    assert!(args.contains(&"--debug-bind-address=127.0.0.1:10259".to_string()));
+    // The binary takes the arguments the chart gives it.
+    let mut argv = vec!["nftproxy".to_string()];
+    argv.extend(args);
+    nftproxy::cli::Cli::command().try_get_matches_from(argv).expect("the chart's arguments parse");
     assert!(pod.tolerations.is_none());
     let ports: Vec<(String, i32)> =
         c.ports.clone().unwrap().into_iter().map(|p| (p.name.unwrap_or_default(), p.container_port)).collect();

@@ -95,3 +95,36 @@ fn status_says_when_nothing_answers() {
     assert!(!ok);
     assert!(err.contains("cannot reach nftproxy's metrics server at 127.0.0.1:10249"), "{err}");
 }
+
+/// `/debug/services` names every service and endpoint of the node: opening `/metrics` to
+/// Prometheus (a non-loopback metrics address) does not open it too; `--debug-bind-address`
+/// serves it on an address of its own.
+#[test]
+fn debug_services_stays_off_an_exposed_metrics_address() {
+    if skip_unless_privileged() {
+        return;
+    }
+    let lab = ClusterLab::new();
+    let path = lab.write("cluster.yaml", &manifests());
+    let exposed = lab.run_proxy(&path, &["--metrics-bind-address", "0.0.0.0:10249"]);
+    let get = |addr: &str, path: &str| lab.http_get("node1", addr, path).map(|(code, _)| code).unwrap_or(0);
+    assert_eq!(get("127.0.0.1:10249", "/metrics"), 200);
+    assert_eq!(get("127.0.0.1:10249", "/debug/services"), 404, "{}", lab.proxy_log());
+    assert!(lab.proxy_log().contains("/debug/services is not served"), "{}", lab.proxy_log());
+    drop(exposed);
+
+    let _own =
+        lab.run_proxy(&path, &["--metrics-bind-address", "0.0.0.0:10249", "--debug-bind-address", "127.0.0.1:10259"]);
+    assert_eq!(get("127.0.0.1:10249", "/debug/services"), 404);
+    assert_eq!(get("127.0.0.1:10259", "/metrics"), 404, "only /debug/services there");
+    let (ok, text, err) = {
+        let out = lab.nftproxy(&["status", "--metrics-address", "127.0.0.1:10259"]);
+        (
+            out.status.success(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    assert!(ok, "{err}");
+    assert!(text.contains("default/web:http"), "{text}");
+}

@@ -57,6 +57,9 @@ pub struct RunSettings {
     pub healthz: Option<SocketAddr>,
     /// `/metrics` and `/proxyMode`; `None` disables.
     pub metrics: Option<SocketAddr>,
+    /// `/debug/services`: on the metrics server when equal to `metrics`, else a server of its
+    /// own; `None` disables.
+    pub debug: Option<SocketAddr>,
     /// How often the manifests are checked for changes.
     pub poll: std::time::Duration,
     /// Kernel conntrack settings to apply at start-up.
@@ -468,9 +471,26 @@ pub(crate) fn run(settings: RunSettings) -> Result<(), RunError> {
         settings.healthz.map(|a| serve(&rt, "healthz", a, proxier, hard_fail, events.as_ref())).transpose()?;
     let (desk, debug_requests) = debug::Desk::new();
     let configz: Arc<str> = Arc::from(settings.configz.as_str());
-    let metrics_handler = debug::with_route(crate::metrics::handler(Arc::clone(&metrics), configz), debug_requests);
+    let mut metrics_handler = crate::metrics::handler(Arc::clone(&metrics), configz);
+    let own_debug = settings.debug.filter(|d| Some(*d) != settings.metrics);
+    match (settings.debug, own_debug) {
+        (Some(_), None) => metrics_handler = debug::with_route(metrics_handler, debug_requests.clone()),
+        (None, _) => info!(
+            metrics = ?settings.metrics,
+            "/debug/services is not served: the metrics address is not a loopback address \
+             (--debug-bind-address=127.0.0.1:PORT serves it)"
+        ),
+        _ => {}
+    }
     let _metrics =
         settings.metrics.map(|a| serve(&rt, "metrics", a, metrics_handler, hard_fail, events.as_ref())).transpose()?;
+    let _debug = own_debug
+        .map(|a| {
+            let not_found: crate::http::Handler =
+                Arc::new(|_| crate::http::Reply::text(hyper::StatusCode::NOT_FOUND, "404 page not found\n"));
+            serve(&rt, "debug", a, debug::with_route(not_found, debug_requests.clone()), hard_fail, events.as_ref())
+        })
+        .transpose()?;
 
     let mut kernel = Kernel::open()?;
     let takeover = if settings.cleanup_kube_proxy { find_leftovers(&mut kernel) } else { None };

@@ -111,6 +111,12 @@ pub struct RunArgs {
     /// (empty disables).
     #[arg(long, value_name = "IP:PORT", default_value = "127.0.0.1:10249")]
     pub metrics_bind_address: String,
+    /// Address of /debug/services (what `nftproxy status` reads: every service and endpoint this
+    /// node programs). Empty (the default): on the metrics address when that is a loopback
+    /// address, else nowhere, so that opening /metrics to Prometheus does not open it too. An
+    /// IP:PORT serves it there (the metrics address itself shares that server).
+    #[arg(long, value_name = "IP:PORT", default_value = "")]
+    pub debug_bind_address: String,
     /// Treat a failure to bind the healthz or metrics port as fatal and exit (otherwise it is
     /// logged and retried every 5 seconds, as upstream).
     #[arg(long, value_name = "BOOL", num_args = 0..=1, default_value_t = false, default_missing_value = "true", action = clap::ArgAction::Set)]

@@ -261,6 +261,7 @@ impl RunArgs {
             },
             healthz: kp.healthz_address(),
             metrics: kp.metrics_address(),
+            debug: debug_address(&self.debug_bind_address, kp.metrics_address())?,
             poll: self.manifests_poll,
             conntrack: conntrack_sysctls_of(&kp),
             bind_address_hard_fail: kp.bind_address_hard_fail,
@@ -271,6 +272,22 @@ impl RunArgs {
             configz: kp.configz(),
         };
         Ok((settings, warnings))
+    }
+}
+
+/// Where `/debug/services` is served: `--debug-bind-address`, or by default the metrics address
+/// when it is a loopback address (an address Prometheus scrapes is not a place for it).
+fn debug_address(
+    flag: &str,
+    metrics: Option<std::net::SocketAddr>,
+) -> Result<Option<std::net::SocketAddr>, ConfigError> {
+    match flag.trim() {
+        "" => Ok(metrics.filter(|m| m.ip().is_loopback())),
+        given => given.parse().map(Some).map_err(|_| ConfigError::Value {
+            field: "--debug-bind-address",
+            value: given.to_string(),
+            expected: "IP:PORT",
+        }),
     }
 }
 
