@@ -134,10 +134,18 @@ fn the_shipped_config_is_read_without_warnings() {
 #[test]
 fn the_container_build_is_multi_stage() {
     let text = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy/Containerfile")).unwrap();
-    assert_eq!(text.lines().filter(|l| l.starts_with("FROM ")).count(), 2);
-    assert!(text.contains("libnftnl11") && text.contains("libmnl0"));
-    // The image swap: installers run /usr/local/bin/kube-proxy.
-    assert!(text.contains("ln -s nftproxy /usr/local/bin/kube-proxy"), "the image carries the kube-proxy link");
+    let froms: Vec<&str> = text.lines().filter(|l| l.starts_with("FROM ")).collect();
+    assert_eq!(froms.len(), 2);
+    // The build stage is pinned by digest; the image is only the root filesystem it made, the one
+    // scripts/images makes offline from the same lock (integration/images.rs checks that image's
+    // files: the kube-proxy link, the libraries).
+    assert!(froms[0].contains("@sha256:"), "{}", froms[0]);
+    assert_eq!(froms[1], "FROM scratch");
+    assert!(text.contains("COPY deploy/image-packages.lock "));
+    assert!(text.contains("libnftnl11") && text.contains("libmnl0"), "the headers match the lock's libraries");
+    assert!(text.contains("RUN scripts/images rootfs nftproxy target/release/nftproxy /rootfs"));
+    assert!(text.contains("COPY --from=build /rootfs /"));
+    assert!(text.contains(&format!("org.opencontainers.image.version={}", env!("CARGO_PKG_VERSION"))));
     // Every workspace member is copied into the build stage, or the build cannot resolve it.
     let manifest = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("Cargo.toml")).unwrap();
     let members = manifest.lines().find(|l| l.starts_with("members")).expect("workspace members");

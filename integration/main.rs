@@ -26,6 +26,7 @@ mod differential;
 mod explain;
 mod external;
 mod fuzz;
+mod images;
 mod installers;
 mod kube;
 mod netlink;

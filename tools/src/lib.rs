@@ -1,7 +1,8 @@
 //! nftproxy's tools, apart from the node agent: a lab of network namespaces ([`lab`]), the demo
 //! ([`demo`]), the scale benchmark ([`bench`](mod@bench)) with its synthetic clusters ([`cluster`]),
 //! wrappers of the kernel for tests ([`netfilter`]: fault injection, recording), a test
-//! Kubernetes API server ([`apiserver`]) and the processes they start and measure ([`process`]). They use only nftproxy's public API; `nftproxy demo` and `nftproxy bench`
+//! Kubernetes API server ([`apiserver`]), the processes they start and measure ([`process`]) and
+//! the node's container images ([`images`]). They use only nftproxy's public API; `nftproxy demo` and `nftproxy bench`
 //! run the `nftproxy-tools` binary that sits next to `nftproxy`.
 
 pub mod apiserver;
@@ -10,6 +11,7 @@ pub mod cluster;
 pub mod controlplane;
 pub mod demo;
 pub mod differences;
+pub mod images;
 pub mod lab;
 pub mod netfilter;
 pub mod process;
