@@ -23,7 +23,7 @@
 //! (docs/design.md has the measurements).
 
 use super::objects::*;
-use super::{goto, jump, port_key, service_key};
+use super::rules::{goto, jump, port_key, service_key};
 use crate::net::IpFamily;
 use crate::nft::*;
 
@@ -91,7 +91,7 @@ pub fn keep(table: &mut Table, kept: impl IntoIterator<Item = SharedSet>) {
         }
     }
     if added {
-        super::order_sets(table);
+        order_sets(table);
         fill(table);
     }
 }

@@ -9,7 +9,7 @@
 
 use std::net::IpAddr;
 
-use super::ConntrackTarget;
+use super::fragment::ConntrackTarget;
 use crate::model::{ClusterState, ServicePort};
 use crate::net::{IpFamily, L4Proto};
 

@@ -5,10 +5,10 @@ use std::net::IpAddr;
 
 use ipnet::IpNet;
 
+use super::input::{NodePorts, PlanInput};
 use super::objects::*;
-use super::{
-    NodePorts, PlanInput, external_local_short_circuits, goto, jump, local_cidrs, local_match, lookup, port_key,
-    service_key,
+use super::rules::{
+    external_local_short_circuits, goto, jump, local_cidrs, local_match, lookup, port_key, service_key,
 };
 use crate::config::ProxyConfig;
 use crate::model::ClusterState;

@@ -6,7 +6,7 @@ use std::borrow::Cow;
 use std::fmt;
 
 use crate::net::IpFamily;
-use crate::nft::ast::{Owner, Set, SetShape};
+use crate::nft::ast::{Owner, Set, SetShape, Table};
 
 pub const CLUSTER_IPS: &str = "cluster-ips";
 pub const NODEPORT_IPS: &str = "nodeport-ips";
@@ -335,6 +335,23 @@ impl fmt::Display for SharedSet {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(&self.name())
     }
+}
+
+/// Where a set goes in the table: shared sets first, then the endpoint maps in shard order,
+/// then per-service sets. The kernel finds a set by scanning the table's sets in creation
+/// order, so the sets most rules refer to go first.
+pub fn set_rank(name: &str, infrastructure: bool) -> (u8, Option<SharedSet>) {
+    match SharedSet::from_name(name) {
+        Some(set) if set.on_demand() => (1, Some(set)),
+        _ if infrastructure => (0, None),
+        _ => (2, None),
+    }
+}
+
+/// Orders a merged table's sets by [`set_rank`] (a stable sort: planning order otherwise).
+pub fn order_sets(table: &mut Table) {
+    let rank = |name: &str, set: &Set| set_rank(name, set.owner.is_infrastructure());
+    table.sets.sort_by(|a, x, b, y| rank(a, x).cmp(&rank(b, y)));
 }
 
 #[cfg(test)]

@@ -8,9 +8,12 @@ use ipnet::IpNet;
 
 use super::affinity::{AffinityDemand, AffinityId, AffinitySlots, GROUP_SLOTS, weighted_ranges};
 use super::endpoints::{Categorized, NodeView, categorize};
+use super::fragment::{Fragment, ServicePlan};
+use super::input::PlanInput;
+use super::names;
 use super::objects::*;
 use super::placement::{self, Demands, SPLIT, Slot, SlotLookup, WindowDemand, WindowId};
-use super::{Fragment, PlanInput, ServicePlan, external_local_short_circuits, goto, jump, names};
+use super::rules::{external_local_short_circuits, goto, jump};
 use crate::model::{Endpoint, ServicePort};
 use crate::net::IpFamily;
 use crate::nft::wire::udata::truncate_comment;

@@ -4,6 +4,8 @@
 
 use super::*;
 use crate::fixtures::*;
+use crate::model::NamespacedName;
+use crate::net::L4Proto;
 use crate::nft::diff::{Transaction, diff};
 use crate::nft::kernel;
 use crate::nft::lower::lower_ruleset;
