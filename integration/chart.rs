@@ -147,6 +147,7 @@ configFile: |
   metricsBindAddress: 10.0.0.1:9999
 extraArgs: [--table-ownership=false]
 debug: {bindAddress: "127.0.0.1:10259"}
+serviceCounters: false
 tolerations: []
 resources: {requests: {cpu: 50m, memory: 100Mi}, limits: {memory: 1Gi}}
 "#,
@@ -174,6 +175,7 @@ resources: {requests: {cpu: 50m, memory: 100Mi}, limits: {memory: 1Gi}}
     let args = c.args.clone().unwrap();
     assert!(args.contains(&"--table-ownership=false".to_string()));
     assert!(args.contains(&"--debug-bind-address=127.0.0.1:10259".to_string()));
+    assert!(args.contains(&"--service-counters=false".to_string()));
     // The binary takes the arguments the chart gives it.
     let mut argv = vec!["nftproxy".to_string()];
     argv.extend(args);

@@ -143,16 +143,6 @@ fn scrape_cost_at_ten_thousand_services() {
     write_yaml(size, &mut file).unwrap();
     drop(file);
     let ns = Netns::create("scrape").unwrap();
-    let log = std::fs::File::create(dir.path().join("proxy.log")).unwrap();
-    let child = ns
-        .command(env!("CARGO_BIN_EXE_nftproxy"))
-        .args(["run", "--manifests", path.to_str().unwrap(), "--hostname-override", "node1"])
-        .args(["--metrics-bind-address", METRICS, "--healthz-bind-address", "127.0.0.1:10256"])
-        .args(["--conntrack-max-per-core", "0"])
-        .stdout(std::process::Stdio::null())
-        .stderr(log)
-        .spawn()
-        .unwrap();
     struct Kill(std::process::Child);
     impl Drop for Kill {
         fn drop(&mut self) {
@@ -160,7 +150,30 @@ fn scrape_cost_at_ten_thousand_services() {
             let _ = self.0.wait();
         }
     }
-    let _proxy = Kill(child);
+    let start = |extra: &[&str]| {
+        let log = std::fs::File::create(dir.path().join("proxy.log")).unwrap();
+        let child = ns
+            .command(env!("CARGO_BIN_EXE_nftproxy"))
+            .args(["run", "--manifests", path.to_str().unwrap(), "--hostname-override", "node1"])
+            .args(["--metrics-bind-address", METRICS, "--healthz-bind-address", "127.0.0.1:10256"])
+            .args(["--conntrack-max-per-core", "0"])
+            .args(extra)
+            .stdout(std::process::Stdio::null())
+            .stderr(log)
+            .spawn()
+            .unwrap();
+        Kill(child)
+    };
+    let rss_mib = |proxy: &Kill| {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", proxy.0.id())).unwrap_or_default();
+        let kib: u64 = status
+            .lines()
+            .find_map(|l| l.strip_prefix("VmRSS:"))
+            .and_then(|v| v.split_whitespace().next()?.parse().ok())
+            .unwrap_or(0);
+        kib / 1024
+    };
+    let proxy = start(&[]);
     let get = |path: &'static str| {
         let target = METRICS.parse().unwrap();
         ns.run(move || {
@@ -211,6 +224,41 @@ fn scrape_cost_at_ten_thousand_services() {
     assert!(read[2] < Duration::from_secs(2), "scrape reading the kernel took {:?}", read[2]);
     // The fastest of each: a load spike on a busy machine slows single scrapes, not all five.
     assert!(cached[0] < read[0], "the cache answers faster ({:?} vs {:?})", cached[0], read[0]);
+    let rss_on = rss_mib(&proxy);
+    drop(proxy);
+
+    // The switch: the same node, restarted with --service-counters=false.
+    let proxy = start(&["--service-counters=false"]);
+    let deadline = Instant::now() + Duration::from_secs(300);
+    loop {
+        if let Ok((200, body, _)) = get("/metrics")
+            && body.contains("kubeproxy_sync_proxy_rules_last_timestamp_seconds{")
+        {
+            break;
+        }
+        let log = std::fs::read_to_string(dir.path().join("proxy.log")).unwrap_or_default();
+        assert!(Instant::now() < deadline, "no first sync:\n{log}");
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    let mut off = Vec::new();
+    let mut off_bytes = 0;
+    for _ in 0..5 {
+        std::thread::sleep(Duration::from_millis(1100));
+        let (code, body, took) = get("/metrics").expect("scrape");
+        assert_eq!(code, 200);
+        assert!(!body.contains("nftproxy_service_"), "per-service series with the switch off");
+        off.push(took);
+        off_bytes = body.len();
+    }
+    off.sort();
+    println!(
+        "--service-counters at {size}: on: {series} series, {bytes} bytes, scrape median {:?}, RSS {rss_on} MiB; \
+         off: {off_bytes} bytes, scrape median {:?}, RSS {} MiB",
+        read[2],
+        off[2],
+        rss_mib(&proxy)
+    );
+    assert!(off_bytes * 10 < bytes, "off: {off_bytes} bytes, on: {bytes}");
 }
 
 /// A node upgraded from a version without counters: its dispatch sets and maps are recreated

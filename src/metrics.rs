@@ -137,12 +137,13 @@ impl Metrics {
 
     /// A registry with every metric registered: the per-service counters read from `counters`,
     /// `nftproxy_check_findings` from `findings`.
+    /// Without `counters` (`--service-counters=false`) the per-service families are not exported.
     pub(crate) fn for_node(
-        counters: Box<dyn service_counters::CounterSource>,
+        counters: Option<Box<dyn service_counters::CounterSource>>,
         findings: Box<dyn check_findings::FindingSource>,
     ) -> Arc<Metrics> {
         Self::build(
-            Some(service_counters::ServiceCounters::new(counters)),
+            counters.map(service_counters::ServiceCounters::new),
             Some(check_findings::CheckFindings::new(findings)),
         )
     }
@@ -767,7 +768,7 @@ mod tests {
 
     /// A registry with a sample in every family.
     fn populated() -> Arc<Metrics> {
-        let m = Metrics::for_node(Box::new(OneOfEach), Box::new(OneConflict));
+        let m = Metrics::for_node(Some(Box::new(OneOfEach)), Box::new(OneConflict));
         let no_local = vec![(IpFamily::V4, NoLocalEndpoints { internal: 1, external: 0 })];
         let mut sample = SyncSample {
             families: vec![IpFamily::V4, IpFamily::V6],

@@ -60,6 +60,9 @@ pub struct RunSettings {
     /// `/debug/services`: on the metrics server when equal to `metrics`, else a server of its
     /// own; `None` disables.
     pub debug: Option<SocketAddr>,
+    /// Export the per-service counters (`nftproxy_service_connections_total`,
+    /// `nftproxy_service_rejects_total`); the kernel counts either way.
+    pub service_counters: bool,
     /// How often the manifests are checked for changes.
     pub poll: std::time::Duration,
     /// Kernel conntrack settings to apply at start-up.
@@ -432,9 +435,12 @@ pub(crate) fn run(settings: RunSettings) -> Result<(), RunError> {
     }
 
     let health = ProxyHealth::new(settings.timing.sync_period * 2);
-    let counters = crate::metrics::service_counters::KernelCounters::new(&settings.proxy.table);
+    let counters = settings.service_counters.then(|| {
+        Box::new(crate::metrics::service_counters::KernelCounters::new(&settings.proxy.table))
+            as Box<dyn crate::metrics::service_counters::CounterSource>
+    });
     let findings = crate::metrics::check_findings::KernelFindings::new(&settings.proxy.table);
-    let metrics = Metrics::for_node(Box::new(counters), Box::new(findings));
+    let metrics = Metrics::for_node(counters, Box::new(findings));
     let limits = Limits::default();
 
     let (tx, rx) = mpsc::channel();

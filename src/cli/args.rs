@@ -111,6 +111,11 @@ pub struct RunArgs {
     /// (empty disables).
     #[arg(long, value_name = "IP:PORT", default_value = "127.0.0.1:10249")]
     pub metrics_bind_address: String,
+    /// Export the per-service connection and reject counters on /metrics (one series per
+    /// service port and family: about 10,000 at 10,000 Services). `false` leaves them out, and
+    /// a scrape no longer reads the kernel's counters; the kernel still counts (`nft list set`).
+    #[arg(long, value_name = "BOOL", default_value_t = true, action = clap::ArgAction::Set)]
+    pub service_counters: bool,
     /// Address of /debug/services (what `nftproxy status` reads: every service and endpoint this
     /// node programs). Empty (the default): on the metrics address when that is a loopback
     /// address, else nowhere, so that opening /metrics to Prometheus does not open it too. An

@@ -262,6 +262,7 @@ impl RunArgs {
             healthz: kp.healthz_address(),
             metrics: kp.metrics_address(),
             debug: debug_address(&self.debug_bind_address, kp.metrics_address())?,
+            service_counters: self.service_counters,
             poll: self.manifests_poll,
             conntrack: conntrack_sysctls_of(&kp),
             bind_address_hard_fail: kp.bind_address_hard_fail,
