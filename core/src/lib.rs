@@ -25,3 +25,5 @@ pub mod plan;
 
 #[cfg(any(test, feature = "testing"))]
 pub mod fixtures;
+#[cfg(test)]
+mod hostile;

@@ -649,9 +649,6 @@ pub fn state_from_manifests(m: &Manifests, hostname: &str) -> (crate::model::Clu
 }
 
 #[cfg(test)]
-mod hostile;
-
-#[cfg(test)]
 mod tests {
     use super::*;
 
