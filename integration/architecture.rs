@@ -79,8 +79,9 @@ struct Modules {
 }
 
 impl Modules {
-    /// A crate's modules, without those compiled for tests only (`#[cfg(test)] mod tests;`,
-    /// fixtures): tests import whatever they test.
+    /// A crate's modules, without its unit tests (`#[cfg(test)] mod tests;`): tests import
+    /// whatever they test. Other test-only modules (fixtures, hostile input, round trips) are
+    /// modules like any other.
     fn of(src: &Path) -> Modules {
         let mut test_only = BTreeSet::new();
         for file in rust_files(src) {
@@ -89,15 +90,15 @@ impl Modules {
             for line in text.lines().map(str::trim) {
                 if previous.starts_with("#[cfg(") && previous.contains("test") {
                     let declared = line.strip_prefix("pub ").unwrap_or(line);
-                    if let Some(name) = declared.strip_prefix("mod ").and_then(|n| n.strip_suffix(';')) {
+                    if declared == "mod tests;" {
                         let folder =
                             if file.ends_with("mod.rs") || file.ends_with("lib.rs") || file.ends_with("main.rs") {
                                 file.parent().unwrap().to_path_buf()
                             } else {
                                 file.with_extension("")
                             };
-                        test_only.insert(folder.join(format!("{name}.rs")));
-                        test_only.insert(folder.join(name).join("mod.rs"));
+                        test_only.insert(folder.join("tests.rs"));
+                        test_only.insert(folder.join("tests").join("mod.rs"));
                     }
                 }
                 previous = line;
@@ -210,7 +211,9 @@ fn imported_paths(text: &str, here: &[String], crate_name: &str, children: &BTre
     let mut previous = "";
     for line in text.lines() {
         let trimmed = line.trim();
-        if previous == "#[cfg(test)]" && trimmed.starts_with("mod ") && trimmed.ends_with('{') {
+        let declared =
+            ["pub ", "pub(crate) ", "pub(super) "].iter().fold(trimmed, |t, v| t.strip_prefix(v).unwrap_or(t));
+        if previous == "#[cfg(test)]" && declared.starts_with("mod ") && declared.ends_with('{') {
             break;
         }
         previous = trimmed;
@@ -240,10 +243,14 @@ fn imported_paths(text: &str, here: &[String], crate_name: &str, children: &BTre
             out.extend(absolute(&path, here, crate_name, children));
         }
     }
-    // Paths written inline: `crate::plan::names::chain(..)`.
+    // Paths written inline: `crate::plan::names::chain(..)`, `super::render(..)`, and from a
+    // module to its own children, `service::balanced(..)`.
     let is_path_char = |c: char| c.is_alphanumeric() || c == '_' || c == ':';
-    for start in ["crate::", "super::"] {
-        for (i, _) in code.match_indices(start) {
+    let starts = ["crate::".to_string(), "super::".to_string(), "self::".to_string()]
+        .into_iter()
+        .chain(children.iter().map(|c| format!("{c}::")));
+    for start in starts {
+        for (i, _) in code.match_indices(start.as_str()) {
             if code[..i].ends_with(is_path_char) {
                 continue;
             }
@@ -260,16 +267,14 @@ fn imported_paths(text: &str, here: &[String], crate_name: &str, children: &BTre
     out
 }
 
-/// Whether `face` is the `mod.rs` (or crate root) of the folder `part` is directly in.
-fn is_face_of(modules: &Modules, face: &Path, part: &Path) -> bool {
-    let (face_module, part_module) = (modules.module_of(face), modules.module_of(part));
-    part_module.len() == face_module.len() + 1 && part_module.starts_with(&face_module)
-}
+/// Who imports whom among one crate's files: for each file, the files it imports, each with
+/// the paths that name it.
+type Arrows = BTreeMap<PathBuf, BTreeMap<PathBuf, BTreeSet<String>>>;
 
 /// Who imports whom among one crate's files.
-fn arrows(src: &Path, crate_name: &str) -> (Modules, BTreeMap<PathBuf, BTreeSet<PathBuf>>) {
+fn arrows(src: &Path, crate_name: &str) -> (Modules, Arrows) {
     let modules = Modules::of(src);
-    let mut arrows: BTreeMap<PathBuf, BTreeSet<PathBuf>> = BTreeMap::new();
+    let mut arrows = Arrows::new();
     for file in modules.by_path.values() {
         let here = modules.module_of(file);
         // `use` paths are relative to the module the file is (a `mod.rs` is its folder's module).
@@ -280,30 +285,41 @@ fn arrows(src: &Path, crate_name: &str) -> (Modules, BTreeMap<PathBuf, BTreeSet<
             .filter(|m| m.len() == here.len() + 1 && m.starts_with(&here))
             .map(|m| m[here.len()].clone())
             .collect();
-        let children = if file.ends_with("mod.rs") || file.ends_with("lib.rs") || file.ends_with("main.rs") {
-            children
-        } else {
-            BTreeSet::new()
-        };
         let targets = arrows.entry(file.clone()).or_default();
         for path in imported_paths(&text, &here, crate_name, &children) {
-            // A folder's `mod.rs` and its own files are one room (the face and its parts, sharing
-            // the folder's vocabulary both ways); loops among them are not counted.
             if let Some(target) = modules.resolve(&path)
                 && target != file
-                && !is_face_of(&modules, target, file)
-                && !is_face_of(&modules, file, target)
             {
-                targets.insert(target.clone());
+                targets.entry(target.clone()).or_default().insert(path.join("::"));
             }
         }
     }
     (modules, arrows)
 }
 
-/// The loops among one crate's files (strongly connected components of more than one file).
-fn circles(src: &Path, crate_name: &str) -> Vec<Vec<PathBuf>> {
-    loops(&arrows(src, crate_name).1)
+/// The files each file imports, without the names.
+fn targets(arrows: &Arrows) -> BTreeMap<PathBuf, BTreeSet<PathBuf>> {
+    arrows.iter().map(|(from, to)| (from.clone(), to.keys().cloned().collect())).collect()
+}
+
+/// The loops among one crate's files (strongly connected components of more than one file),
+/// each as its files and the arrows between them.
+fn circles(src: &Path, crate_name: &str) -> Vec<String> {
+    let (_, arrows) = arrows(src, crate_name);
+    let relative = |f: &PathBuf| f.strip_prefix(src).unwrap_or(f).display().to_string();
+    loops(&targets(&arrows))
+        .into_iter()
+        .map(|circle| {
+            let mut lines = vec![circle.iter().map(relative).collect::<Vec<_>>().join(", ")];
+            for from in &circle {
+                for (to, names) in arrows[from].iter().filter(|(to, _)| circle.contains(to)) {
+                    let names: Vec<&str> = names.iter().map(String::as_str).collect();
+                    lines.push(format!("    {} -> {}: {}", relative(from), relative(to), names.join(", ")));
+                }
+            }
+            lines.join("\n")
+        })
+        .collect()
 }
 
 /// The loops among one crate's top-level modules (`health` → `metrics` → `health`), each
@@ -315,7 +331,7 @@ fn module_circles(src: &Path, crate_name: &str) -> Vec<Vec<PathBuf>> {
     for (from, targets) in &file_arrows {
         let Some(from) = top(from) else { continue };
         let entry = arrows.entry(from.clone()).or_default();
-        entry.extend(targets.iter().filter_map(top).filter(|to| *to != from));
+        entry.extend(targets.keys().filter_map(top).filter(|to| *to != from));
     }
     loops(&arrows)
 }
@@ -386,31 +402,43 @@ fn loops(arrows: &BTreeMap<PathBuf, BTreeSet<PathBuf>>) -> Vec<Vec<PathBuf>> {
 /// name in the wrong room.
 #[test]
 fn no_file_imports_a_file_that_imports_it_back() {
+    let mut found = Vec::new();
     for (src, name) in [("core/src", "nftproxy_core"), ("src", "nftproxy"), ("tools/src", "nftproxy_tools")] {
-        let found = circles(&root().join(src), name);
-        assert!(found.is_empty(), "import circles in {src}: {found:#?}");
-        let found = module_circles(&root().join(src), name);
-        assert!(found.is_empty(), "import circles among {src}'s modules: {found:#?}");
+        for circle in circles(&root().join(src), name) {
+            found.push(format!("{src}: {circle}"));
+        }
+        for circle in module_circles(&root().join(src), name) {
+            let names: Vec<String> = circle.iter().map(|m| m.display().to_string()).collect();
+            found.push(format!("{src}'s top-level modules: {}", names.join(", ")));
+        }
     }
+    assert!(found.is_empty(), "import circles:\n{}", found.join("\n"));
 }
 
-/// The circle finder finds circles: two files that import each other, and a longer loop.
+/// The circle finder finds circles: two files that import each other, a longer loop, and a
+/// file that imports from the `mod.rs` above it while that imports the file.
 #[test]
 fn the_circle_finder_sees_a_loop() {
     let dir = tempfile::tempdir().unwrap();
     let src = dir.path();
     std::fs::create_dir_all(src.join("plan")).unwrap();
     std::fs::write(src.join("lib.rs"), "mod plan;\nmod nft;\nmod net;\n").unwrap();
-    // plan/mod.rs and its files share names both ways: not a circle.
-    std::fs::write(src.join("plan/mod.rs"), "mod a;\nmod b;\npub use a::Thing;\nuse b::Other;\n").unwrap();
+    // plan/mod.rs hands `Thing` on from a.rs (not a circle by itself), defines `Shared` and
+    // calls into c.rs, which imports `Shared` back up: a circle.
+    std::fs::write(
+        src.join("plan/mod.rs"),
+        "mod a;\nmod b;\nmod c;\npub use a::Thing;\npub struct Shared;\nfn f() {\n    c::run();\n}\n",
+    )
+    .unwrap();
     std::fs::write(src.join("plan/a.rs"), "use super::b::Other;\npub struct Thing;\n").unwrap();
     std::fs::write(src.join("plan/b.rs"), "use crate::plan::Thing;\npub struct Other;\n").unwrap();
+    std::fs::write(src.join("plan/c.rs"), "use super::Shared;\npub fn run() {}\n").unwrap();
     std::fs::write(src.join("nft.rs"), "use crate::net::X;\n").unwrap();
     std::fs::write(src.join("net.rs"), "pub struct X;\nfn f() {\n    let _ = crate::nft::Y;\n}\n").unwrap();
-    let found = circles(src, "demo");
-    assert_eq!(
-        found,
-        vec![vec![src.join("net.rs"), src.join("nft.rs")], vec![src.join("plan/a.rs"), src.join("plan/b.rs")]]
-    );
+    let mut found: Vec<String> =
+        circles(src, "demo").iter().map(|c| c.lines().next().unwrap_or_default().to_string()).collect();
+    found.sort();
+    assert_eq!(found, ["net.rs, nft.rs", "plan/a.rs, plan/b.rs", "plan/c.rs, plan/mod.rs"]);
+    assert!(circles(src, "demo").iter().any(|c| c.contains("plan/c.rs -> plan/mod.rs: plan::Shared")));
     assert_eq!(module_circles(src, "demo"), vec![vec![PathBuf::from("net"), PathBuf::from("nft")]]);
 }
