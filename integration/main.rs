@@ -23,6 +23,7 @@ mod control_plane;
 mod counters;
 mod deploy;
 mod differential;
+mod docs;
 mod explain;
 mod external;
 mod fuzz;
