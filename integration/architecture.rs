@@ -442,3 +442,201 @@ fn the_circle_finder_sees_a_loop() {
     assert!(circles(src, "demo").iter().any(|c| c.contains("plan/c.rs -> plan/mod.rs: plan::Shared")));
     assert_eq!(module_circles(src, "demo"), vec![vec![PathBuf::from("net"), PathBuf::from("nft")]]);
 }
+
+// --- ARCHITECTURE.md against the tree --------------------------------------------------------
+
+/// The crates' module tables of ARCHITECTURE.md, by the source directory each is headed with.
+const CRATE_TABLES: [&str; 3] = ["core/src/", "src/", "tools/src/"];
+
+/// ARCHITECTURE.md's tables: the heading each sits under (`core/src/`, `Elsewhere`) and its
+/// rows, each as the row's path (its first column, in backticks) and role.
+fn architecture_tables(text: &str) -> Vec<(String, Vec<(String, String)>)> {
+    let mut tables: Vec<(String, Vec<(String, String)>)> = Vec::new();
+    for line in text.lines() {
+        if let Some(heading) = line.strip_prefix("### ") {
+            let name = heading.split('`').nth(1).unwrap_or(heading).to_string();
+            tables.push((name, Vec::new()));
+        } else if let Some(row) = line.strip_prefix("| `")
+            && let Some((path, rest)) = row.split_once('`')
+            && let Some((_, role)) = rest.split_once('|')
+            && let Some((_, rows)) = tables.last_mut()
+        {
+            rows.push((path.to_string(), role.trim().trim_end_matches('|').trim().to_string()));
+        }
+    }
+    tables.retain(|(_, rows)| !rows.is_empty());
+    tables
+}
+
+/// A row's sort key: its module path (`plan/mod.rs` and `plan.rs` are `plan`, before
+/// `plan/balance.rs`; the crate roots first), then its file name.
+fn row_key(path: &str) -> (Vec<String>, String) {
+    let relative = Path::new(path).with_extension("");
+    let mut parts: Vec<String> = relative.iter().map(|p| p.to_string_lossy().into_owned()).collect();
+    let file = parts.last().cloned().unwrap_or_default();
+    if matches!(file.as_str(), "mod" | "lib" | "main") {
+        parts.pop();
+    }
+    (parts, file)
+}
+
+/// Whether `name` is defined in `text`: an item (`fn`, `struct`, `enum`, `trait`, `type`,
+/// `const`, `static`, `mod`, `macro_rules!`), or a field or variant at the start of a line.
+fn defines(text: &str, name: &str) -> bool {
+    let is_word = |c: char| c.is_alphanumeric() || c == '_';
+    let item = ["fn ", "struct ", "enum ", "trait ", "type ", "const ", "static ", "mod ", "macro_rules! "];
+    text.lines().map(str::trim_start).any(|line| {
+        let line = ["pub(crate) ", "pub(super) ", "pub ", "unsafe ", "async ", "const fn "]
+            .iter()
+            .fold(line, |l, v| l.strip_prefix(v).unwrap_or(l));
+        let after = item.iter().find_map(|kw| line.strip_prefix(kw)).unwrap_or(line);
+        after.strip_prefix(name).is_some_and(|rest| !rest.starts_with(is_word))
+            && (after.len() < line.len() || rest_is_declaration(&after[name.len()..]))
+    })
+}
+
+/// What follows a name that starts a line when the line declares it: a field's `:`, a
+/// variant's `(`, `{` or `,`.
+fn rest_is_declaration(rest: &str) -> bool {
+    let rest = rest.trim_start();
+    rest.starts_with(':') && !rest.starts_with("::") || rest.starts_with(['(', '{', ',']) || rest.is_empty()
+}
+
+/// Whether `word` stands in `text` as a whole word.
+fn mentions(text: &str, word: &str) -> bool {
+    let is_word = |c: char| c.is_alphanumeric() || c == '_';
+    text.match_indices(word).any(|(i, _)| !text[..i].ends_with(is_word) && !text[i + word.len()..].starts_with(is_word))
+}
+
+/// The Rust names a row's role column names in backticks: types and constants (`ProxyConfig`,
+/// `DELIBERATE`), and paths (`Kernel::read_counters`), by their last segment.
+fn named_items(role: &str) -> Vec<String> {
+    role.split('`')
+        .skip(1)
+        .step_by(2)
+        .filter(|code| {
+            let segments: Vec<&str> = code.split("::").collect();
+            segments.iter().all(|s| !s.is_empty() && s.chars().all(|c| c.is_alphanumeric() || c == '_'))
+                && (segments.len() > 1 || code.starts_with(|c: char| c.is_ascii_uppercase()))
+        })
+        .filter_map(|code| code.rsplit("::").next().map(str::to_string))
+        .collect()
+}
+
+/// Every source file of the three crates has a row in ARCHITECTURE.md's module map (unit tests
+/// in `tests.rs` aside), every row's path exists, each table is sorted by module path (the
+/// crate roots first, a folder's `mod.rs` before its files) and every type, constant or path a
+/// row names in backticks is found in its file. The `Elsewhere` table's paths exist and are
+/// sorted too.
+#[test]
+fn the_module_map_matches_the_tree() {
+    let text = std::fs::read_to_string(root().join("ARCHITECTURE.md")).unwrap();
+    let tables = architecture_tables(&text);
+    let mut problems = Vec::new();
+    for dir in CRATE_TABLES {
+        let Some((_, rows)) = tables.iter().find(|(name, _)| name == dir) else {
+            problems.push(format!("no module table for {dir}"));
+            continue;
+        };
+        let listed: BTreeSet<&str> = rows.iter().map(|(path, _)| path.as_str()).collect();
+        for file in rust_files(&root().join(dir)) {
+            let relative = file.strip_prefix(root().join(dir)).unwrap().to_string_lossy().into_owned();
+            if !file.ends_with("tests.rs") && !listed.contains(relative.as_str()) {
+                problems.push(format!("{dir}{relative} has no row in ARCHITECTURE.md"));
+            }
+        }
+        for (path, role) in rows {
+            let Ok(source) = std::fs::read_to_string(root().join(dir).join(path)) else {
+                problems.push(format!("ARCHITECTURE.md's row {dir}{path}: no such file"));
+                continue;
+            };
+            for name in named_items(role) {
+                if !mentions(&source, &name) {
+                    problems
+                        .push(format!("ARCHITECTURE.md's row {dir}{path} names `{name}`, which is not in the file"));
+                }
+            }
+        }
+        for pair in rows.windows(2) {
+            if row_key(&pair[0].0) > row_key(&pair[1].0) {
+                problems.push(format!("ARCHITECTURE.md's {dir} table: {} after {}", pair[1].0, pair[0].0));
+            }
+        }
+    }
+    match tables.iter().find(|(name, _)| name == "Elsewhere") {
+        Some((_, rows)) => {
+            for (path, _) in rows {
+                if !root().join(path).exists() {
+                    problems.push(format!("ARCHITECTURE.md's Elsewhere row {path}: no such path"));
+                }
+            }
+            for pair in rows.windows(2) {
+                if pair[0].0 > pair[1].0 {
+                    problems.push(format!("ARCHITECTURE.md's Elsewhere table: {} after {}", pair[1].0, pair[0].0));
+                }
+            }
+        }
+        None => problems.push("no Elsewhere table in ARCHITECTURE.md".into()),
+    }
+    assert!(problems.is_empty(), "{}", problems.join("\n"));
+}
+
+/// The walks of ARCHITECTURE.md ("Where a change goes"): every file they name exists (a path
+/// is from the repository's root, or else in `src/`), and every function or type they link to
+/// a file (``[`Kernel::read_counters`](src/netlink/mod.rs)``) is defined in that file.
+#[test]
+fn the_walks_name_functions_where_they_are() {
+    let text = std::fs::read_to_string(root().join("ARCHITECTURE.md")).unwrap();
+    let walks = &text[text.find("## Where a change goes").expect("the walks' section")..];
+    let mut problems = Vec::new();
+    let mut links = 0;
+    let exists = |path: &str| root().join(path).exists() || root().join("src").join(path).exists();
+    for code in walks.split('`').skip(1).step_by(2) {
+        if code.ends_with(".rs") && !code.contains(' ') && !exists(code) {
+            problems.push(format!("the walks name {code}: no such file"));
+        }
+    }
+    for (i, _) in walks.match_indices("](") {
+        let Some(start) = walks[..i].rfind("[`") else { continue };
+        let name = &walks[start + 2..i].trim_end_matches('`');
+        let target = walks[i + 2..].split(')').next().unwrap_or("");
+        if !target.ends_with(".rs") {
+            continue;
+        }
+        links += 1;
+        let Ok(source) = std::fs::read_to_string(root().join(target)) else {
+            problems.push(format!("the walks link `{name}` to {target}: no such file"));
+            continue;
+        };
+        let item = name.trim_end_matches("()").trim_end_matches('!');
+        let item = item.strip_prefix("struct ").unwrap_or(item);
+        let last = item.rsplit("::").next().unwrap_or(item);
+        if !defines(&source, last) {
+            problems.push(format!("the walks link `{name}` to {target}, which does not define {last}"));
+        }
+    }
+    assert!(links > 20, "the walks link only {links} functions to their files");
+    assert!(problems.is_empty(), "{}", problems.join("\n"));
+}
+
+/// The checks of the module map see what they should.
+#[test]
+fn the_module_map_checks_see_a_wrong_row() {
+    let doc = "### `src/` — x\n\n| module | role |\n|---|---|\n| `lib.rs` | the root |\n| `b.rs` | `Thing` and `a::run` |\n| `a.rs` | runs |\n\n### Elsewhere\n\n| path | role |\n|---|---|\n| `scripts/` | s |\n";
+    let tables = architecture_tables(doc);
+    assert_eq!(tables.len(), 2);
+    let rows = &tables[0].1;
+    assert_eq!(rows.iter().map(|(p, _)| p.as_str()).collect::<Vec<_>>(), ["lib.rs", "b.rs", "a.rs"]);
+    assert!(row_key("b.rs") > row_key("a.rs") && row_key("lib.rs") < row_key("a.rs"));
+    assert!(row_key("plan/mod.rs") < row_key("plan/balance.rs") && row_key("plan.rs") < row_key("plan/a.rs"));
+    assert_eq!(named_items(&rows[1].1), ["Thing", "run"]);
+    assert!(defines("pub(crate) fn run(x: u8) {}", "run"));
+    assert!(defines("impl Kernel {\n    pub fn read_counters(\n", "read_counters"));
+    assert!(defines(
+        "pub struct A {\n    pub load_balancer_source_ranges: Vec<IpNet>,\n}",
+        "load_balancer_source_ranges"
+    ));
+    assert!(defines("macro_rules! watched_resource {", "watched_resource"));
+    assert!(!defines("fn running() {}\nlet x = run(1);", "run"));
+    assert!(mentions("pub const DELIBERATE: &[&str]", "DELIBERATE") && !mentions("DELIBERATELY", "DELIBERATE"));
+}
