@@ -111,8 +111,9 @@ fn every_shape(family: IpFamily) -> Table {
         nodeport_by_index.insert(key, Element::values(vec![Value::Addr(ep), Value::Port(53)], own.clone()));
     }
     t.add_set(nodeport_by_index);
-    let mut aff = Set::new("affinity-1", SetShape::AffinityClients(family), own.clone());
-    aff.timeout_secs = Some(10800);
+    // Clients with their port's timeout, in a set whose size is raised after it is created.
+    let mut aff = Set::new("affinity-clients-0", SetShape::AffinityClients(family), own.clone());
+    aff.size = Some(16_776_960);
     t.add_set(aff);
 
     let base = |name: &str, chain_type, hook, priority| Chain::base(name, BaseHook { chain_type, hook, priority });
@@ -205,15 +206,15 @@ fn every_shape(family: IpFamily) -> Table {
     let mut b = Chain::regular("service-B", own.clone());
     let hash = |offset| Jhash { modulus: 32_768, seed: 0x6e66_7470, offset };
     b.push(Rule::new(vec![
-        Stmt::SlotLookup { family, slot: 0, set: "affinity-1".into() },
+        Stmt::SlotLookup { family, slot: 0, set: "affinity-clients-0".into() },
         Stmt::KeyLookup { key: 2_097_152, set: "affinity-targets-0".into() },
-        Stmt::UpdateSlot { family, slot: 0, set: "affinity-1".into() },
+        Stmt::UpdateSlot { family, slot: 0, set: "affinity-clients-0".into(), timeout_secs: 10800 },
         Stmt::Cmp { sel: Selector::L4Proto, op: CmpOp::Eq, value: Value::Proto(L4Proto::Udp) },
         Stmt::DnatKeyMap { family, key: 2_097_152, map: "affinity-targets-0".into() },
     ]));
     b.push(Rule::new(vec![
         Stmt::HashLookup { family, hash: hash(2_129_920), set: "affinity-windows-0".into() },
-        Stmt::UpdateSlot { family, slot: 1, set: "affinity-1".into() },
+        Stmt::UpdateSlot { family, slot: 1, set: "affinity-clients-0".into(), timeout_secs: 10800 },
     ]));
     b.push(
         Rule::new(vec![Stmt::DnatHashMap {
@@ -234,7 +235,7 @@ fn every_shape(family: IpFamily) -> Table {
     let mut group = Chain::regular("service-B_g1", own.clone());
     group.push(Rule::new(vec![
         Stmt::HashLookup { family, hash: hash(2_129_920), set: "affinity-windows-0".into() },
-        Stmt::UpdateSlot { family, slot: 256, set: "affinity-1".into() },
+        Stmt::UpdateSlot { family, slot: 256, set: "affinity-clients-0".into(), timeout_secs: 10800 },
     ]));
     group.push(
         Rule::new(vec![Stmt::DnatHashMap {
@@ -395,19 +396,17 @@ fn one_endpoint_change_sends_only_what_changed() {
     // Planning reads the node's addresses, so it runs inside the namespace too.
     let (second, transaction, planned) = ns.run(|| one_shot(&changed)).unwrap();
     // One endpoint replaced, same count: elements only, in the balancing map for that count
-    // (both ports, TCP and UDP, in one message each way) and the hairpin set: no chain is
-    // flushed, no rule rewritten.
+    // (both ports, TCP and UDP, in one message each way; the endpoint is on another node, so
+    // it has no hairpin element): no chain is flushed, no rule rewritten.
     let mut ops = transaction.summary();
     ops.sort();
     let mut expected = vec![
         "add element ip nftproxy service-endpoints-3 (2 elements)".to_string(),
-        "add element ip nftproxy hairpin-endpoints (1 elements)".to_string(),
         "delete element ip nftproxy service-endpoints-3 (2 elements)".to_string(),
-        "delete element ip nftproxy hairpin-endpoints (1 elements)".to_string(),
     ];
     expected.sort();
     assert_eq!(ops, expected);
-    assert_eq!(second.apply.messages, 4);
+    assert_eq!(second.apply.messages, 2);
 
     let listing_after = String::from_utf8(ns.exec("nft", &["-a", "list", "ruleset"]).unwrap().stdout).unwrap();
     assert!(listing_after.contains("10.244.2.11 . 8080") && !listing_after.contains("10.244.2.10 . 8080"));
@@ -470,8 +469,8 @@ fn an_affinity_endpoint_change_is_elements_and_forgets_its_slots_clients() {
     let before = list();
     let set = before
         .lines()
-        .find_map(|l| l.trim().strip_prefix("set affinity-")?.split_once(' ').filter(|(n, _)| n.contains('/')))
-        .map(|(n, _)| format!("affinity-{n}"))
+        .find_map(|l| l.trim().strip_prefix("set affinity-clients-")?.split_once(' '))
+        .map(|(n, _)| format!("affinity-clients-{n}"))
         .expect("the port's client set");
     let (going, staying) = (slot_of(&before, "10.244.2.10"), slot_of(&before, "10.244.1.10"));
     // Clients the kernel recorded for the endpoint that goes, and for one that stays.

@@ -418,12 +418,12 @@ endpoints:
     let out = load(&yaml);
     out.assert_good_planned();
     assert!(out.problems.is_empty(), "{:#?}", out.problems);
-    let client_set = out
+    let chain = out
         .rendered
         .lines()
-        .find(|l| l.trim_start().starts_with("set affinity-") && l.contains("/sctp/"))
+        .find(|l| l.trim_start().starts_with("chain service-") && l.contains("/sctp/"))
         .unwrap_or_default();
-    assert!(client_set.ends_with(&format!("-{ns}/{name}/sctp/{port} {{")), "{}", out.rendered);
+    assert!(chain.ends_with(&format!("-{ns}/{name}/sctp/{port} {{")), "{}", out.rendered);
     out.assert_kernel_limits();
 }
 

@@ -187,6 +187,8 @@ fn read_sets(sock: &mut Socket, fam: u16, wire: &mut WireTable) -> Result<(), Ne
             timeout_ms: s.get_u64(a(sys::NFTNL_SET_TIMEOUT)).filter(|t| *t != 0),
             userdata: s.get_data(a(sys::NFTNL_SET_USERDATA)),
             counter: s.expr_names().iter().any(|n| n == "counter"),
+            // Raised after creation and never compared (see `WireSetSpec::size`).
+            size: None,
         };
         // Anonymous sets belong to the rules that bind them; nftproxy never makes any.
         if name.starts_with("__") {
@@ -378,6 +380,7 @@ fn decode_expr(e: &ExprRef<'_>) -> LowExpr {
             op: u(sys::NFTNL_EXPR_DYNSET_OP),
             sreg_key: u(sys::NFTNL_EXPR_DYNSET_SREG_KEY),
             set: e.str(a(sys::NFTNL_EXPR_DYNSET_SET_NAME)).unwrap_or_default(),
+            timeout_ms: e.u64(a(sys::NFTNL_EXPR_DYNSET_TIMEOUT)).filter(|t| *t != 0),
         },
         "nat" => {
             let reg_addr = e.u32(a(sys::NFTNL_EXPR_NAT_REG_ADDR_MIN));

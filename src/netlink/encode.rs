@@ -210,25 +210,39 @@ impl BatchWriter {
                 let id = self.next_set_id;
                 self.next_set_id += 1;
                 set_ids.insert((family, table.to_string(), set.clone()), id);
-                let mut s = set_obj(table, family, set)?;
-                s.set_u32(u16_attr(sys::NFTNL_SET_FLAGS), spec.flags);
-                s.set_u32(u16_attr(sys::NFTNL_SET_KEY_TYPE), spec.key_type);
-                s.set_u32(u16_attr(sys::NFTNL_SET_KEY_LEN), spec.key_len);
-                if let Some(dt) = spec.data_type {
-                    s.set_u32(u16_attr(sys::NFTNL_SET_DATA_TYPE), dt);
-                    s.set_u32(u16_attr(sys::NFTNL_SET_DATA_LEN), spec.data_len);
-                }
-                if let Some(t) = spec.timeout_ms {
-                    s.set_u64(u16_attr(sys::NFTNL_SET_TIMEOUT), t);
-                }
-                if let Some(ud) = &spec.userdata {
-                    s.set_data(u16_attr(sys::NFTNL_SET_USERDATA), ud);
-                }
+                let object = || -> Result<raw::Set, NetlinkError> {
+                    let mut s = set_obj(table, family, set)?;
+                    s.set_u32(u16_attr(sys::NFTNL_SET_FLAGS), spec.flags);
+                    s.set_u32(u16_attr(sys::NFTNL_SET_KEY_TYPE), spec.key_type);
+                    s.set_u32(u16_attr(sys::NFTNL_SET_KEY_LEN), spec.key_len);
+                    if let Some(dt) = spec.data_type {
+                        s.set_u32(u16_attr(sys::NFTNL_SET_DATA_TYPE), dt);
+                        s.set_u32(u16_attr(sys::NFTNL_SET_DATA_LEN), spec.data_len);
+                    }
+                    if let Some(t) = spec.timeout_ms {
+                        s.set_u64(u16_attr(sys::NFTNL_SET_TIMEOUT), t);
+                    }
+                    if let Some(ud) = &spec.userdata {
+                        s.set_data(u16_attr(sys::NFTNL_SET_USERDATA), ud);
+                    }
+                    if spec.counter {
+                        s.add_expr(raw::Expr::new("counter")?);
+                    }
+                    Ok(s)
+                };
+                let mut s = object()?;
                 s.set_u32(u16_attr(sys::NFTNL_SET_ID), id);
-                if spec.counter {
-                    s.add_expr(raw::Expr::new("counter")?);
-                }
                 push(msg::NEWSET, NLM_F_CREATE, Object::Set(s), None);
+                // The size as an update of the set just created: a size at creation is the
+                // kernel's hint for the hash table it allocates at once; an update only raises
+                // the limit. The kernel finds a set of this transaction by its id (by name it
+                // answers EINVAL); an older kernel that ignores set updates keeps 65,535.
+                if let Some(size) = spec.size {
+                    let mut s = object()?;
+                    s.set_u32(u16_attr(sys::NFTNL_SET_ID), id);
+                    s.set_u32(u16_attr(sys::NFTNL_SET_DESC_SIZE), size);
+                    push(msg::NEWSET, NLM_F_CREATE, Object::Set(s), None);
+                }
             }
             OpKind::DeleteSet { set } => {
                 push(msg::DELSET, 0, Object::Set(set_obj(table, family, set)?), None);
@@ -490,11 +504,14 @@ pub(super) fn encode_expr(expr: &LowExpr, set_id: impl Fn(&str) -> Option<u32>) 
             e.u32(a(sys::NFTNL_EXPR_CT_KEY), *key).u32(a(sys::NFTNL_EXPR_CT_DREG), *dreg);
             e
         }
-        LowExpr::Dynset { op, sreg_key, set } => {
+        LowExpr::Dynset { op, sreg_key, set, timeout_ms } => {
             let mut e = raw::Expr::new("dynset")?;
             e.u32(a(sys::NFTNL_EXPR_DYNSET_OP), *op)
                 .u32(a(sys::NFTNL_EXPR_DYNSET_SREG_KEY), *sreg_key)
                 .str(a(sys::NFTNL_EXPR_DYNSET_SET_NAME), set)?;
+            if let Some(timeout) = timeout_ms {
+                e.u64(a(sys::NFTNL_EXPR_DYNSET_TIMEOUT), *timeout);
+            }
             if let Some(id) = set_id(set) {
                 e.u32(a(sys::NFTNL_EXPR_DYNSET_SET_ID), id);
             }

@@ -336,8 +336,8 @@ fn samples(kind: StmtKind) -> Vec<Stmt> {
             Stmt::SlotLookup { family: V6, slot: 3, set: "affinity-clients".into() },
         ],
         StmtKind::UpdateSlot => vec![
-            Stmt::UpdateSlot { family: V4, slot: 0, set: "affinity-clients".into() },
-            Stmt::UpdateSlot { family: V6, slot: 3, set: "affinity-clients".into() },
+            Stmt::UpdateSlot { family: V4, slot: 0, set: "affinity-clients".into(), timeout_secs: 10800 },
+            Stmt::UpdateSlot { family: V6, slot: 3, set: "affinity-clients".into(), timeout_secs: 60 },
         ],
         StmtKind::KeyLookup => vec![
             Stmt::KeyLookup { key: 0, set: "slot-targets".into() },

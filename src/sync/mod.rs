@@ -780,23 +780,23 @@ fn replan(
     plan::plan_service(&input, families, svc, &service.slots).lower()
 }
 
-/// The deletions that empty the affinity slots of `flushes`: the clients the kernel recorded in
-/// them (the elements of each port's client set whose slot field is the slot's).
+/// The deletions that empty the affinity client keys of `flushes`: the clients the kernel
+/// recorded under them (the elements of each client set whose slot field is in a flushed range).
+/// Each set is read once.
 fn slot_deletions(kernel: &mut dyn Netfilter, table: &str, flushes: &[SlotFlush]) -> Result<Vec<Op>, NetlinkError> {
-    let mut slots: BTreeMap<(IpFamily, &str), (BTreeSet<u32>, &NamespacedName)> = BTreeMap::new();
+    /// Per client set: the key ranges to empty, and the service a failure is blamed on.
+    type Flushed<'a> = (Vec<(u32, u32)>, &'a NamespacedName);
+    let mut ranges: BTreeMap<(IpFamily, &str), Flushed<'_>> = BTreeMap::new();
     for flush in flushes {
-        let entry =
-            slots.entry((flush.family, flush.set.as_str())).or_insert_with(|| (BTreeSet::new(), &flush.service));
-        entry.0.insert(flush.slot);
+        let entry = ranges.entry((flush.family, flush.set.as_str())).or_insert_with(|| (Vec::new(), &flush.service));
+        entry.0.push((flush.first, flush.last));
     }
     let mut ops = Vec::new();
-    for ((family, set), (slots, service)) in slots {
+    for ((family, set), (ranges, service)) in ranges {
         let slot_of = |key: &WireKey| key.bytes.last_chunk::<4>().map(|b| u32::from_ne_bytes(*b));
-        let keys: Vec<WireKey> = kernel
-            .set_keys(family, table, set)?
-            .into_iter()
-            .filter(|k| slot_of(k).is_some_and(|j| slots.contains(&j)))
-            .collect();
+        let flushed = |j: u32| ranges.iter().any(|(first, last)| (*first..=*last).contains(&j));
+        let keys: Vec<WireKey> =
+            kernel.set_keys(family, table, set)?.into_iter().filter(|k| slot_of(k).is_some_and(flushed)).collect();
         if !keys.is_empty() {
             // A failure is the service's.
             let service = service.clone();

@@ -359,8 +359,9 @@ fn a_service_cidr_change_makes_the_sync_full() {
 }
 
 /// `ns/web` with session affinity over `endpoints`, synced once into a fresh fake kernel, and
-/// `clients` (address, slot) recorded in its client set as the kernel would: the kernel, the
-/// syncer, its index and the client set's name.
+/// `clients` (address, slot key) recorded in its shard's client set as the kernel would (its
+/// window is the first, so its slot keys are its slot numbers): the kernel, the syncer, its
+/// index and the client set's name.
 fn affine_web_with_clients(
     endpoints: &[&str],
     clients: &[([u8; 4], u32)],
@@ -371,7 +372,7 @@ fn affine_web_with_clients(
     sync(&mut syncer, &mut index, SyncReason::Startup, true);
     let mut k = kernel.lock();
     let table = k.state.tables.iter_mut().find(|t| t.family == IpFamily::V4).unwrap();
-    let (name, set) = table.sets.iter_mut().find(|(n, _)| n.starts_with("affinity-") && n.contains('/')).unwrap();
+    let (name, set) = table.sets.iter_mut().find(|(n, _)| n.starts_with("affinity-clients-")).unwrap();
     for (client, slot) in clients {
         let mut key = client.to_vec();
         key.extend_from_slice(&slot.to_ne_bytes());

@@ -954,7 +954,7 @@ impl<'a> Evaluator<'a> {
                     return cannot();
                 }
             }
-            LowExpr::Dynset { op: DYNSET_OP_UPDATE, sreg_key, set } => {
+            LowExpr::Dynset { op: DYNSET_OP_UPDATE, sreg_key, set, timeout_ms: _ } => {
                 let Some(spec) = self.table.sets.get(set) else {
                     return unknown(format!("set {set} is not in table {}", self.table.name));
                 };

@@ -309,7 +309,7 @@ pub fn to_text(e: &Explanation) -> String {
     if !updates.is_empty() {
         let _ = writeln!(
             out,
-            "affinity: the source is recorded in the chosen endpoint's slot of the port's affinity set (updated as in the path), which then sends its next connections there"
+            "affinity: the source is recorded in the chosen endpoint's slot in the affinity clients set (updated as in the path), which then sends its next connections there"
         );
     }
     for n in notes(e) {

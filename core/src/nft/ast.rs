@@ -361,9 +361,9 @@ pub enum Stmt {
     /// `ip saddr . numgen inc mod 1 offset J @set`: the client is recorded in affinity slot J
     /// (`numgen inc mod 1` is always 0, so the second field is the constant J).
     SlotLookup { family: IpFamily, slot: u32, set: String },
-    /// `update @set { ip saddr . numgen inc mod 1 offset J }`: records the client in slot J, or
-    /// refreshes its timeout.
-    UpdateSlot { family: IpFamily, slot: u32, set: String },
+    /// `update @set { ip saddr . numgen inc mod 1 offset J timeout T }`: records the client in
+    /// slot J for T seconds, or refreshes its timeout.
+    UpdateSlot { family: IpFamily, slot: u32, set: String, timeout_secs: u32 },
     /// `numgen inc mod 1 offset K @map`: the map has the key K (an affinity slot is bound).
     KeyLookup { key: u32, set: String },
     /// `masquerade fully-random`
@@ -502,6 +502,10 @@ pub struct Set {
     pub shape: SetShape,
     /// Element timeout in seconds (affinity sets).
     pub timeout_secs: Option<u32>,
+    /// The most elements a dynamic set holds (`size`), when not the kernel's default: raised
+    /// after the set is created, as a large `size` at creation makes the kernel allocate a hash
+    /// table for that many elements at once.
+    pub size: Option<u32>,
     /// `counter`: the kernel gives every element its own packet and byte counter, which a
     /// lookup or map match on the element increments (the per-service counters, issue 16).
     pub counter: bool,
@@ -517,6 +521,7 @@ impl Set {
             name: name.into(),
             shape,
             timeout_secs: None,
+            size: None,
             counter: false,
             comment: None,
             elements: BTreeMap::new(),

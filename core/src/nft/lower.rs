@@ -188,9 +188,10 @@ fn lower_stmt(stmt: &Stmt, out: &mut Vec<LowExpr>) {
             load_client_slot(*family, *slot, out);
             out.push(LowExpr::Lookup { sreg: REG_1, dreg: None, set: set.clone(), flags: 0 });
         }
-        Stmt::UpdateSlot { family, slot, set } => {
+        Stmt::UpdateSlot { family, slot, set, timeout_secs } => {
             load_client_slot(*family, *slot, out);
-            out.push(LowExpr::Dynset { op: DYNSET_OP_UPDATE, sreg_key: REG_1, set: set.clone() });
+            let timeout_ms = Some(u64::from(*timeout_secs) * 1000);
+            out.push(LowExpr::Dynset { op: DYNSET_OP_UPDATE, sreg_key: REG_1, set: set.clone(), timeout_ms });
         }
         Stmt::KeyLookup { key, set } => {
             out.push(numgen_key(REG_1, *key));
@@ -489,6 +490,7 @@ pub fn set_spec(shape: SetShape, timeout_secs: Option<u32>, comment: Option<&str
         timeout_ms: timeout_secs.map(|t| u64::from(t) * 1000),
         userdata: Some(ud),
         counter,
+        size: None,
     }
 }
 
@@ -569,7 +571,10 @@ impl Comments {
 pub fn lower_set(set: &Set) -> WireSet {
     WireSet {
         name: set.name.clone(),
-        spec: set_spec(set.shape, set.timeout_secs, set.comment.as_deref(), set.counter),
+        spec: WireSetSpec {
+            size: set.size,
+            ..set_spec(set.shape, set.timeout_secs, set.comment.as_deref(), set.counter)
+        },
         elements: lower_elements(set.shape, &set.elements),
         dynamic: set.shape.is_dynamic(),
         owner: set.owner.clone(),

@@ -62,7 +62,7 @@ fn write_set(f: &mut fmt::Formatter<'_>, set: &Set) -> fmt::Result {
     writeln!(f, "\t\t{}", shape_declaration(set.shape))?;
     if let SetShape::AffinityClients(_) = set.shape {
         // The kernel gives dynamic sets a default size, and nft lists it.
-        writeln!(f, "\t\tsize 65535")?;
+        writeln!(f, "\t\tsize {}", set.size.unwrap_or(DYNAMIC_SET_SIZE))?;
         writeln!(f, "\t\tflags dynamic,timeout")?;
     }
     if set.shape.is_interval() {
@@ -153,6 +153,9 @@ pub fn shape_declaration(shape: SetShape) -> String {
         }
     }
 }
+
+/// The `size` the kernel gives a dynamic set created without one.
+pub const DYNAMIC_SET_SIZE: u32 = 65_535;
 
 /// A duration in nft's notation (`3h`, `3h1s`, `500ms`).
 pub fn duration(ms: u64) -> String {
@@ -318,7 +321,14 @@ impl Display for Stmt {
             Stmt::MarkOr(bits) => write!(f, "meta mark set meta mark | {bits:#010x}"),
             Stmt::MarkXor(bits) => write!(f, "meta mark set meta mark ^ {bits:#010x}"),
             Stmt::SlotLookup { family, slot, set } => write!(f, "{} @{set}", ClientSlot(*family, *slot)),
-            Stmt::UpdateSlot { family, slot, set } => write!(f, "update @{set} {{ {} }}", ClientSlot(*family, *slot)),
+            Stmt::UpdateSlot { family, slot, set, timeout_secs } => {
+                write!(
+                    f,
+                    "update @{set} {{ {} timeout {} }}",
+                    ClientSlot(*family, *slot),
+                    duration(u64::from(*timeout_secs) * 1000)
+                )
+            }
             Stmt::KeyLookup { key, set } => write!(f, "{} @{set}", NumgenInc(*key)),
             Stmt::Masquerade { fully_random: true } => f.write_str("masquerade fully-random"),
             Stmt::Masquerade { fully_random: false } => f.write_str("masquerade"),

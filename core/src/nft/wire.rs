@@ -232,6 +232,8 @@ pub enum LowExpr {
         op: u32,
         sreg_key: u32,
         set: String,
+        /// The timeout of the element it adds or refreshes, when not the set's.
+        timeout_ms: Option<u64>,
     },
     Nat {
         kind: u32,
@@ -366,8 +368,8 @@ impl WireSetSpec {
     }
 }
 
-/// Set attributes that cannot change without recreating the set.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// Set attributes that cannot change without recreating the set (and `size`, which can).
+#[derive(Debug, Clone, Eq)]
 pub struct WireSetSpec {
     pub flags: u32,
     pub key_type: u32,
@@ -379,6 +381,26 @@ pub struct WireSetSpec {
     /// The set's `counter` expression, which the kernel clones into every element added
     /// without expressions of its own (the element counters, never their values).
     pub counter: bool,
+    /// The most elements a dynamic set may hold, when not the kernel's default: sent as an
+    /// update right after the set is created (see [`crate::nft::ast::Set::size`]). Not compared,
+    /// and not read back: a kernel that cannot raise it keeps its default, and the set is the
+    /// same set.
+    pub size: Option<u32>,
+}
+
+impl PartialEq for WireSetSpec {
+    fn eq(&self, other: &WireSetSpec) -> bool {
+        let WireSetSpec { flags, key_type, key_len, data_type, data_len, timeout_ms, userdata, counter, size: _ } =
+            self;
+        *flags == other.flags
+            && *key_type == other.key_type
+            && *key_len == other.key_len
+            && *data_type == other.data_type
+            && *data_len == other.data_len
+            && *timeout_ms == other.timeout_ms
+            && *userdata == other.userdata
+            && *counter == other.counter
+    }
 }
 
 /// A set or map.

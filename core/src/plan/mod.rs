@@ -41,7 +41,7 @@ mod service;
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
 
-use crate::model::{ClusterState, ServiceInfo};
+use crate::model::{ClusterState, Endpoint, ServiceInfo};
 use crate::net::{FamilyMap, IpFamily};
 use crate::nft::*;
 pub use balance::chains as balance_chains;
@@ -137,7 +137,11 @@ pub fn plan_service(
             // One owner per port: the batch keeps every element's owner (to name it in an
             // error), and a port of 50 endpoints would otherwise hold 50 copies of its name.
             let owner = Owner::service_port(&sp.name);
-            for e in used {
+            // Only an endpoint on this node can be the source of a packet this node DNATs to
+            // it (a pod's packets pass its own node's rules first), so endpoints on other nodes
+            // need no element; one without `nodeName` may be anywhere, so it keeps one.
+            let here = |e: &Endpoint| e.node_name.as_deref().is_none_or(|n| n == input.config.hostname);
+            for e in used.iter().filter(|e| here(e)) {
                 hairpins.entry(e.ip).or_insert_with(|| owner.clone());
             }
         }

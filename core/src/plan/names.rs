@@ -31,10 +31,15 @@ pub fn service_port_base(spn: &ServicePortName) -> String {
     hash_and_truncate(&format!("{}/{}/{}/{}", spn.service.namespace, spn.service.name, spn.protocol.name(), spn.port))
 }
 
-/// The dynamic set of a service port's affinity clients, each with the slot it is recorded in:
-/// `affinity-HASH-ns/svc/proto/port` (upstream keeps one set per endpoint, `…__ip/port`).
-pub fn affinity_set(base: &str) -> String {
-    format!("affinity-{base}")
+/// A service port's balancing chain over its cluster-wide endpoints (session affinity; as
+/// upstream's service chain): `service-HASH-ns/svc/proto/port`.
+pub fn cluster_chain(base: &str) -> String {
+    format!("service-{base}")
+}
+
+/// A service port's balancing chain over this node's endpoints: `local-HASH-ns/svc/proto/port`.
+pub fn local_chain(base: &str) -> String {
+    format!("local-{base}")
 }
 
 /// The chain of slot group `g` of a port's balancing chain `chain` (a port of more than 255

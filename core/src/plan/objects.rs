@@ -46,6 +46,15 @@ pub const BALANCE_EXTERNAL_LOCAL_NODEPORT: &str = "balance-external-local-nodepo
 const ENDPOINT_MAP: &str = "affinity-endpoints-";
 const SLOT_WINDOWS: &str = "affinity-windows-";
 const SLOT_TARGETS: &str = "affinity-targets-";
+const SLOT_CLIENTS: &str = "affinity-clients-";
+
+/// Endpoints per shard of affinity maps before the next shard is used (a service port that
+/// grows later may pass it; it never moves): see [`crate::plan::placement`].
+pub const SHARD_LOAD: u32 = 256;
+
+/// The most clients an `affinity-clients-N` set holds: 65,535 (upstream's limit for one
+/// endpoint's set) for each endpoint a shard holds before the next is used.
+pub const CLIENTS_PER_SHARD: u32 = 65_535 * SHARD_LOAD;
 
 /// Which family of balancing maps: what they are keyed by and which endpoints they hold.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -132,6 +141,11 @@ pub enum SharedSet {
     SlotWindows(u32),
     /// `affinity-targets-N`: the endpoint each affinity slot is bound to, under the slot's key.
     SlotTargets(u32),
+    /// `affinity-clients-N`: the clients of the affinity ports whose client keys are in shard N
+    /// (a port's are `K + j` for its slots `j`, K the offset of its first chain's window), each
+    /// with its port's timeout. The kernel fills it; one set per shard rather than one per port,
+    /// as the kernel finds a set by a scan of the table's sets for every rule that names one.
+    SlotClients(u32),
     /// `balanced-service-ips`: ClusterIPs (with protocol and port) balanced by `balance-service`.
     BalancedServiceIps,
     /// `balanced-external-ips`: external and LoadBalancer IPs balanced by `balance-external`.
@@ -196,6 +210,7 @@ impl SharedSet {
             SharedSet::EndpointMap(n) => return Cow::Owned(format!("{ENDPOINT_MAP}{n}")),
             SharedSet::SlotWindows(n) => return Cow::Owned(format!("{SLOT_WINDOWS}{n}")),
             SharedSet::SlotTargets(n) => return Cow::Owned(format!("{SLOT_TARGETS}{n}")),
+            SharedSet::SlotClients(n) => return Cow::Owned(format!("{SLOT_CLIENTS}{n}")),
             SharedSet::Balance(map, n) => return Cow::Owned(format!("{}{n}", map.prefix())),
         })
     }
@@ -214,7 +229,8 @@ impl SharedSet {
         let window = numbered(name, ENDPOINT_MAP)
             .map(SharedSet::EndpointMap)
             .or_else(|| numbered(name, SLOT_WINDOWS).map(SharedSet::SlotWindows))
-            .or_else(|| numbered(name, SLOT_TARGETS).map(SharedSet::SlotTargets));
+            .or_else(|| numbered(name, SLOT_TARGETS).map(SharedSet::SlotTargets))
+            .or_else(|| numbered(name, SLOT_CLIENTS).map(SharedSet::SlotClients));
         let balance = || {
             BalanceMap::ALL.into_iter().find_map(|map| {
                 let n = numbered(name, map.prefix())?;
@@ -227,7 +243,13 @@ impl SharedSet {
     /// Whether this is keyed by the numbers of endpoint windows (each service port owns a
     /// window, so its keys are never contested).
     pub fn is_endpoint_map(self) -> bool {
-        matches!(self, SharedSet::EndpointMap(..) | SharedSet::SlotWindows(_) | SharedSet::SlotTargets(_))
+        matches!(
+            self,
+            SharedSet::EndpointMap(..)
+                | SharedSet::SlotWindows(_)
+                | SharedSet::SlotTargets(_)
+                | SharedSet::SlotClients(_)
+        )
     }
 
     /// Whether the set is created by the first service that writes into it or names it, rather
@@ -236,7 +258,11 @@ impl SharedSet {
     pub fn on_demand(self) -> bool {
         matches!(
             self,
-            SharedSet::EndpointMap(..) | SharedSet::SlotWindows(_) | SharedSet::SlotTargets(_) | SharedSet::Balance(..)
+            SharedSet::EndpointMap(..)
+                | SharedSet::SlotWindows(_)
+                | SharedSet::SlotTargets(_)
+                | SharedSet::SlotClients(_)
+                | SharedSet::Balance(..)
         )
     }
 
@@ -259,6 +285,7 @@ impl SharedSet {
             SharedSet::EndpointMap(..) => SetShape::EndpointTargets(family),
             SharedSet::SlotWindows(_) => SetShape::SlotWindows,
             SharedSet::SlotTargets(_) => SetShape::SlotTargets(family),
+            SharedSet::SlotClients(_) => SetShape::AffinityClients(family),
         }
     }
 
@@ -279,6 +306,7 @@ impl SharedSet {
             }
             SharedSet::SlotWindows(_) => "affinity slots: the hash range of each slot's endpoint",
             SharedSet::SlotTargets(_) => "affinity slots: the endpoint each slot is bound to",
+            SharedSet::SlotClients(_) => "affinity clients: each client . slot, for its port's timeout",
             SharedSet::BalancedServiceIps => "ClusterIP traffic balanced by balance-service",
             SharedSet::BalancedExternalIps => "ExternalIP and LoadBalancer IP traffic balanced by balance-external",
             // Unchanged since `balance-nodeport` masqueraded itself: a set's comment is part of
@@ -326,7 +354,10 @@ impl SharedSet {
 
     /// The empty set or map as nftproxy creates it in a family's table.
     pub fn empty(self, family: IpFamily) -> Set {
-        let set = Set::new(self.name(), self.shape(family), Owner::infrastructure()).with_comment(&self.comment());
+        let mut set = Set::new(self.name(), self.shape(family), Owner::infrastructure()).with_comment(&self.comment());
+        if let SharedSet::SlotClients(_) = self {
+            set.size = Some(CLIENTS_PER_SHARD);
+        }
         if self.counted() { set.with_counter() } else { set }
     }
 }
@@ -364,7 +395,7 @@ mod tests {
             .into_iter()
             .chain([SharedSet::NodeportIps, SharedSet::ClusterCidrs, SharedSet::ServiceCidrs])
             .chain([SharedSet::EndpointMap(12), SharedSet::EndpointMap(0)])
-            .chain([SharedSet::SlotWindows(3), SharedSet::SlotTargets(0)])
+            .chain([SharedSet::SlotWindows(3), SharedSet::SlotTargets(0), SharedSet::SlotClients(7)])
             .chain([SharedSet::Balance(BalanceMap::Service, 1), SharedSet::Balance(BalanceMap::Nodeport, 250)])
             .chain([SharedSet::Balance(BalanceMap::Local, 2), SharedSet::Balance(BalanceMap::LocalNodeport, 17)])
         {

@@ -29,7 +29,7 @@
 //! [`Placement::update_service`] moves one service to its new windows (a partial sync). A window
 //! never moves while its service port keeps needing it.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 
 use crate::model::NamespacedName;
 use crate::net::IpFamily;
@@ -41,9 +41,7 @@ use crate::plan::objects::SharedSet;
 pub const WINDOW: u32 = crate::nft::wire::NUMGEN_WINDOW;
 /// Windows per map: offsets stay below 2^31, so a window's end never overflows.
 pub const SHARD_WINDOWS: u32 = 2048;
-/// Endpoints per map before the next map is used (a service port that grows later may pass
-/// it; it never moves).
-pub const SHARD_LOAD: u32 = 1024;
+pub use crate::plan::objects::SHARD_LOAD;
 
 /// A window a balancing chain needs: its family, the chain (which names the service port and
 /// the policy), and which of the chain's windows.
@@ -105,6 +103,23 @@ pub trait SlotLookup {
     fn slot(&self, id: &WindowId) -> Option<Slot>;
     /// A service port's affinity slots, if it has any.
     fn affinity(&self, id: &AffinityId) -> Option<&AffinitySlots>;
+
+    /// Where a service port's affinity clients are keyed: the window of its cluster-wide
+    /// balancing chain (its first slot group's), else of its chain of this node's endpoints. Its
+    /// client of slot `j` is `CLIENT . K + j` in `affinity-clients-N` of that window's shard, so
+    /// both chains of a port share its clients, and no two ports' keys meet.
+    fn clients(&self, id: &AffinityId) -> Option<Slot> {
+        client_window(id).into_iter().find_map(|w| self.slot(&w))
+    }
+}
+
+/// The windows a port's clients may be keyed by, in order of preference (see
+/// [`SlotLookup::clients`]).
+fn client_window(id: &AffinityId) -> [WindowId; 2] {
+    [
+        WindowId::new(id.family, &names::cluster_chain(&id.base), 0),
+        WindowId::new(id.family, &names::local_chain(&id.base), 0),
+    ]
 }
 
 /// One service's windows and affinity slots: what planning it again needs.
@@ -124,13 +139,16 @@ impl SlotLookup for Placed {
     }
 }
 
-/// An affinity slot to empty: its endpoint went, or another took the slot. Its clients are the
-/// elements of the port's client set whose slot field is `slot`.
+/// Affinity client keys to empty: a slot whose endpoint went or was replaced, or a window newly
+/// taken for a port's clients (a port gone, or placed while nftproxy did not run, may have left
+/// clients under its keys). Its clients are the elements of `set` whose slot field is in
+/// `first..=last`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SlotFlush {
     pub family: IpFamily,
     pub set: String,
-    pub slot: u32,
+    pub first: u32,
+    pub last: u32,
     pub service: NamespacedName,
 }
 
@@ -191,8 +209,13 @@ pub struct Placement {
     services: HashMap<NamespacedName, Vec<WindowId>>,
     affinity: HashMap<AffinityId, AffinitySlots>,
     affinity_of: HashMap<NamespacedName, Vec<AffinityId>>,
-    /// Slot sets to flush with the next transaction (see [`Placement::take_flushes`]).
+    /// Client keys to flush with the next transaction (see [`Placement::take_flushes`]).
     flushes: Vec<SlotFlush>,
+    /// Slots whose binding changed since the windows were last placed, per port: flushed once
+    /// the port's client window is known.
+    rebound: Vec<(NamespacedName, AffinityId, Vec<usize>)>,
+    /// Windows placed anew since then.
+    fresh: HashSet<WindowId>,
 }
 
 impl Placement {
@@ -253,6 +276,7 @@ impl Placement {
                 }
             }
         }
+        p.resolve_flushes();
         p
     }
 
@@ -287,6 +311,7 @@ impl Placement {
             self.services.insert(service.clone(), demands.into_iter().map(|(id, _)| id).collect());
         }
         self.drop_empty_shards();
+        self.resolve_flushes();
     }
 
     /// Seats one port's affinity slots from `prior`, and notes the slots to flush.
@@ -295,18 +320,40 @@ impl Placement {
         // Without a prior binding every bound slot is new: a set the kernel already holds (found
         // without readable bindings) may have clients in it.
         let none = AffinitySlots::default();
-        self.flushes.extend(prior.unwrap_or(&none).flushed_by(&slots).into_iter().map(|j| SlotFlush {
-            family: demand.id.family,
-            set: names::affinity_set(&demand.id.base),
-            slot: u32::try_from(j).unwrap_or(u32::MAX),
-            service: service.clone(),
-        }));
+        let rebound = prior.unwrap_or(&none).flushed_by(&slots);
+        self.rebound.push((service.clone(), demand.id.clone(), rebound));
         self.affinity.insert(demand.id.clone(), slots);
         self.affinity_of.entry(service.clone()).or_default().push(demand.id.clone());
     }
 
-    /// The slots to empty since the last call: the transaction that binds them anew must
-    /// remove their clients, or a client recorded for the old endpoint would stick to the new one.
+    /// The flushes of the ports seated since the windows were last placed: the whole window of
+    /// a port whose client window is new, else the slots whose binding changed.
+    fn resolve_flushes(&mut self) {
+        let fresh = std::mem::take(&mut self.fresh);
+        for (service, id, slots) in std::mem::take(&mut self.rebound) {
+            let Some(window) = client_window(&id).into_iter().find(|w| self.blocks.contains_key(w)) else { continue };
+            let Some(at) = self.slot(&window) else { continue };
+            let set = SharedSet::SlotClients(at.shard).name().into_owned();
+            let flush = |first: u32, last: u32| SlotFlush {
+                family: id.family,
+                set: set.clone(),
+                first,
+                last,
+                service: service.clone(),
+            };
+            if fresh.contains(&window) {
+                self.flushes.push(flush(at.offset, at.offset + (WINDOW - 1)));
+                continue;
+            }
+            for j in slots {
+                let key = at.offset.saturating_add(u32::try_from(j).unwrap_or(u32::MAX));
+                self.flushes.push(flush(key, key));
+            }
+        }
+    }
+
+    /// The client keys to empty since the last call: the transaction that binds a slot anew must
+    /// remove its clients, or a client recorded for the old endpoint would stick to the new one.
     pub fn take_flushes(&mut self) -> Vec<SlotFlush> {
         std::mem::take(&mut self.flushes)
     }
@@ -321,12 +368,15 @@ impl Placement {
         self.blocks.iter().map(|(id, b)| (id.clone(), Slot { shard: b.shard, offset: b.window * WINDOW }))
     }
 
-    /// The endpoint maps in use.
+    /// The endpoint maps in use, and the client sets.
     pub fn maps(&self) -> BTreeSet<(IpFamily, SharedSet)> {
         let shards: BTreeSet<(IpFamily, u32)> = self.blocks.iter().map(|(id, b)| (id.family, b.shard)).collect();
+        let clients =
+            self.affinity.keys().filter_map(|id| Some((id.family, SharedSet::SlotClients(self.clients(id)?.shard))));
         shards
             .into_iter()
             .flat_map(|(family, shard)| SharedSet::affinity_shard(shard).map(move |m| (family, m)))
+            .chain(clients)
             .collect()
     }
 
@@ -380,6 +430,7 @@ impl Placement {
         entry.load = entry.load.saturating_add(n);
         entry.blocks += 1;
         self.blocks.insert(id.clone(), Block { shard, window, load: n });
+        self.fresh.insert(id.clone());
     }
 
     fn release(&mut self, id: &WindowId) {
@@ -462,7 +513,7 @@ mod tests {
         );
         assert_eq!(p.slot(&id("a")), Some(at(0, 0)));
         assert_eq!(p.slot(&id("b")), Some(at(0, 1)));
-        p.update_service(&svc("a"), &windows(vec![want("a", 300)]));
+        p.update_service(&svc("a"), &windows(vec![want("a", SHARD_LOAD / 2)]));
         assert_eq!(p.slot(&id("a")), Some(at(0, 0)), "growing keeps the window");
         p.update_service(&svc("c"), &windows(vec![want("c", 2)]));
         assert_eq!(p.slot(&id("c")), Some(at(0, 2)));
@@ -515,33 +566,73 @@ mod tests {
         assert_eq!(p.slot(&id("x")), Some(at(0, 4)), "x claimed a's window: it gets a free one");
         assert_eq!(p.slot(&id("gone")), None);
     }
-    /// A service whose affinity port has `n` endpoints, with its cluster chain's windows.
-    fn affine(name: &str, n: u32) -> Demands {
+    /// A service whose affinity port has `n` endpoints from the `first`, with its cluster
+    /// chain's windows.
+    fn affine_from(name: &str, first: u32, n: u32) -> Demands {
         let port = AffinityId { family: F, base: name.to_string() };
-        let chain = WindowDemand { port: Some(port.clone()), ..want(name, n) };
-        Demands { windows: vec![chain], affinity: vec![AffinityDemand { id: port, endpoints: endpoints(n) }] }
+        let eps: Vec<SlotTarget> = endpoints(first + n).split_off(first as usize);
+        let chain = WindowDemand { port: Some(port.clone()), endpoints: eps.clone(), ..want(&chain(name), 0) };
+        Demands { windows: vec![chain], affinity: vec![AffinityDemand { id: port, endpoints: eps }] }
+    }
+
+    fn affine(name: &str, n: u32) -> Demands {
+        affine_from(name, 0, n)
+    }
+
+    /// The cluster chain of the port `name` (its windows key its clients).
+    fn chain(name: &str) -> String {
+        names::cluster_chain(name)
     }
 
     #[test]
     fn each_slot_group_and_the_split_have_a_window_placed_like_a_port_of_their_own() {
         let mut p = Placement::new();
         p.update_service(&svc("small"), &affine("small", 3));
-        assert_eq!(p.placed(&svc("small")).windows, vec![(id("small"), at(0, 0))], "one group: one window");
+        assert_eq!(p.placed(&svc("small")).windows, vec![(id(&chain("small")), at(0, 0))], "one group: one window");
         // 1,600 endpoints, 2,000 slots: 8 groups (6 of 255 endpoints, one of 70, one empty) and
         // the split.
         p.update_service(&svc("big"), &affine("big", 1600));
         let placed = p.placed(&svc("big")).windows;
         assert_eq!(placed.len(), 9);
-        let part = |g: u32| p.slot(&WindowId::new(F, "big", g)).unwrap();
-        // Map 0 holds small's 3 endpoints and four groups of 255 (1,023 of its 1,024), map 1 the
-        // next groups; the empty group and the split (no endpoints) fit map 0.
-        assert_eq!((part(0), part(1), part(2), part(3)), (at(0, 1), at(0, 2), at(0, 3), at(0, 4)));
-        assert_eq!((part(4), part(5), part(6), part(7)), (at(1, 0), at(1, 1), at(1, 2), at(0, 5)));
-        assert_eq!(p.slot(&WindowId::new(F, "big", SPLIT)), Some(at(0, 6)));
-        assert_eq!(p.maps().len(), 6, "two maps of each kind");
+        let part = |g: u32| p.slot(&WindowId::new(F, &chain("big"), g)).unwrap();
+        // Map 0 holds small's 3 endpoints; a group of 255 does not fit it, so each takes a map of
+        // its own; the group of 70, the empty one and the split (no endpoints) fit map 0.
+        assert_eq!((part(0), part(1), part(2), part(3)), (at(1, 0), at(2, 0), at(3, 0), at(4, 0)));
+        assert_eq!((part(4), part(5), part(6), part(7)), (at(5, 0), at(6, 0), at(0, 1), at(0, 2)));
+        assert_eq!(p.slot(&WindowId::new(F, &chain("big"), SPLIT)), Some(at(0, 3)));
+        let clients = [(F, SharedSet::SlotClients(0)), (F, SharedSet::SlotClients(1))];
+        assert!(clients.iter().all(|c| p.maps().contains(c)), "each port's clients are keyed in its first group's map");
+        assert_eq!(p.maps().len(), 7 * 3 + 2, "seven maps of each kind, two client sets");
         // Shrinking to one group gives the other windows back.
         p.update_service(&svc("big"), &affine("big", 100));
-        assert_eq!(p.placed(&svc("big")).windows, vec![(id("big"), at(0, 1))]);
-        assert_eq!(p.maps().len(), 3);
+        assert_eq!(p.placed(&svc("big")).windows, vec![(id(&chain("big")), at(1, 0))]);
+        assert_eq!(p.maps().len(), 2 * 3 + 2);
+    }
+
+    #[test]
+    fn a_new_client_window_is_emptied_and_a_rebound_slot_is() {
+        let mut p = Placement::new();
+        p.update_service(&svc("a"), &affine("a", 3));
+        let flush = |first: u32, last: u32| SlotFlush {
+            family: F,
+            set: "affinity-clients-0".into(),
+            first,
+            last,
+            service: svc("a"),
+        };
+        assert_eq!(p.take_flushes(), vec![flush(0, WINDOW - 1)], "the window may hold a gone port's clients");
+        p.update_service(&svc("b"), &affine("b", 2));
+        assert_eq!(p.take_flushes().len(), 1);
+        // Endpoint 0 replaced by endpoint 3: it takes the free slot 3; slots 0 and 3 change.
+        p.update_service(&svc("a"), &affine_from("a", 1, 3));
+        assert_eq!(p.take_flushes(), vec![flush(0, 0), flush(3, 3)]);
+        p.update_service(&svc("a"), &affine_from("a", 1, 3));
+        assert_eq!(p.take_flushes(), vec![], "nothing changed");
+        // Gone: its keys are emptied when another port takes its window.
+        p.update_service(&svc("a"), &Demands::default());
+        assert_eq!(p.take_flushes(), vec![]);
+        p.update_service(&svc("c"), &affine("c", 1));
+        let c = SlotFlush { service: svc("c"), ..flush(0, WINDOW - 1) };
+        assert_eq!(p.take_flushes(), vec![c]);
     }
 }

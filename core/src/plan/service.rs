@@ -14,6 +14,7 @@ use super::names;
 use super::objects::*;
 use super::placement::{self, Demands, SPLIT, Slot, SlotLookup, WindowDemand, WindowId};
 use super::rules::{external_local_short_circuits, goto, jump};
+use crate::model::convert::DEFAULT_AFFINITY_SECS;
 use crate::model::{Endpoint, ServicePort};
 use crate::net::IpFamily;
 use crate::nft::wire::udata::truncate_comment;
@@ -93,10 +94,10 @@ impl<'a> PortPlan<'a> {
         };
         let (cluster, local) = (self.uses_cluster_chain(), self.uses_local_chain());
         if cluster {
-            demand(format!("service-{}", self.base), &self.cat.cluster);
+            demand(names::cluster_chain(&self.base), &self.cat.cluster);
         }
         if local {
-            demand(format!("local-{}", self.base), &self.cat.local);
+            demand(names::local_chain(&self.base), &self.cat.local);
         }
         if cluster || local {
             out.affinity.push(AffinityDemand {
@@ -117,8 +118,8 @@ impl<'a> PortPlan<'a> {
         let owner = Owner::service_port(&sp.name);
         let comment: Arc<str> = Arc::from(truncate_comment(&sp.name.to_string()));
         let base = &self.base;
-        let cluster_chain = format!("service-{base}");
-        let local_chain = format!("local-{base}");
+        let cluster_chain = names::cluster_chain(base);
+        let local_chain = names::local_chain(base);
         let external_chain = format!("external-{base}");
         let firewall_chain = format!("firewall-{base}");
 
@@ -247,7 +248,6 @@ impl<'a> PortPlan<'a> {
         }
 
         // Policy chains first, so the external chain's gotos point at existing names.
-        let affinity = sp.session_affinity_secs;
         if uses_cluster_chain {
             self.write_affinity_chain(table, slots, &cluster_chain, &cat.cluster, &owner, &comment);
         }
@@ -268,12 +268,6 @@ impl<'a> PortPlan<'a> {
                 ext.push(Rule::new(vec![goto(target)]));
             }
             table.own.add_chain(ext);
-        }
-        let seated = affinity.filter(|_| slots.affinity(&self.affinity_id()).is_some());
-        if let Some(timeout) = seated.filter(|_| uses_cluster_chain || uses_local_chain) {
-            let mut set = Set::new(names::affinity_set(base), SetShape::AffinityClients(family), owner.clone());
-            set.timeout_secs = Some(timeout);
-            table.own.add_set(set);
         }
         self.cat.reachable
     }
@@ -350,14 +344,15 @@ impl<'a> PortPlan<'a> {
         let family = self.family;
         let mut chain = Chain::regular(chain_name, owner.clone());
         let seats = slots.affinity(&self.affinity_id());
-        // The windows: one per slot group, and the split's when there are several groups.
-        let windows: Option<(Vec<Slot>, Option<Slot>)> = seats.and_then(|seats| {
+        // The windows: one per slot group, and the split's when there are several groups; and
+        // where the port's clients are keyed.
+        let windows: Option<(Vec<Slot>, Option<Slot>, Slot)> = seats.and_then(|seats| {
             let window = |part: u32| slots.slot(&WindowId::new(family, chain_name, part));
             let groups = (0..seats.groups()).map(|g| window(u32::try_from(g).ok()?)).collect::<Option<Vec<Slot>>>()?;
             let split = if seats.grouped() { Some(window(SPLIT)?) } else { None };
-            Some((groups, split))
+            Some((groups, split, slots.clients(&self.affinity_id())?))
         });
-        let (Some(seats), Some((groups, split))) = (seats, windows) else {
+        let (Some(seats), Some((groups, split, client_window))) = (seats, windows) else {
             tracing::error!(
                 chain = chain_name,
                 "no endpoint window or affinity slots placed for a balancing chain; using its first endpoint"
@@ -395,9 +390,14 @@ impl<'a> PortPlan<'a> {
         if let Some(split) = split {
             table.names(SharedSet::SlotWindows(split.shard));
         }
+        let clients = SharedSet::SlotClients(client_window.shard);
+        table.names(clients);
+        let clients = name(clients);
+        let timeout_secs = self.sp.session_affinity_secs.unwrap_or(DEFAULT_AFFINITY_SECS);
         let l4proto = Stmt::Cmp { sel: Selector::L4Proto, op: CmpOp::Eq, value: Value::Proto(self.sp.name.protocol) };
-        let clients = names::affinity_set(&self.base);
-        let slot_number = |j: usize| u32::try_from(j).unwrap_or(u32::MAX);
+        // Slot j's clients are `client . K + j`: unique in the shard's set, the same in both of
+        // the port's chains.
+        let slot_number = |j: usize| client_window.offset.saturating_add(u32::try_from(j).unwrap_or(u32::MAX));
         for j in 0..seats.capacity() {
             let window = groups[AffinitySlots::group_of(j).0];
             let (slot, key, targets) =
@@ -405,7 +405,7 @@ impl<'a> PortPlan<'a> {
             chain.push(Rule::new(vec![
                 Stmt::SlotLookup { family, slot, set: clients.clone() },
                 Stmt::KeyLookup { key, set: targets.clone() },
-                Stmt::UpdateSlot { family, slot, set: clients.clone() },
+                Stmt::UpdateSlot { family, slot, set: clients.clone(), timeout_secs },
                 l4proto.clone(),
                 Stmt::DnatKeyMap { family, key, map: targets },
             ]));
@@ -420,7 +420,7 @@ impl<'a> PortPlan<'a> {
                 .map(|j| {
                     Rule::new(vec![
                         Stmt::HashLookup { family, hash: seats.record(window.offset, j), set: name(maps(*window).1) },
-                        Stmt::UpdateSlot { family, slot: slot_number(j), set: clients.clone() },
+                        Stmt::UpdateSlot { family, slot: slot_number(j), set: clients.clone(), timeout_secs },
                     ])
                 })
                 .collect();
