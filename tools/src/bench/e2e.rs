@@ -23,7 +23,7 @@ fn proxy_flags() -> Vec<String> {
 
 /// The flags of a benchmark `run` (its servers stay inside the benchmark namespace; conntrack's
 /// global sysctls are left alone).
-fn run_flags() -> Vec<String> {
+pub(super) fn run_flags() -> Vec<String> {
     let mut flags = proxy_flags();
     flags.extend(["--conntrack-max-per-core", "0"].iter().map(|s| s.to_string()));
     flags

@@ -21,6 +21,7 @@ pub mod kernel;
 mod plot;
 pub mod proxies;
 pub mod record;
+pub mod sizing;
 pub mod upstream;
 pub mod worker;
 
@@ -52,6 +53,14 @@ pub struct BenchArgs {
     /// with every other part skipped.
     #[arg(long, value_name = "SIZES")]
     pub head_to_head: Option<String>,
+    /// Only the sizing table (what `run` needs at each size, and the DaemonSet's memory request
+    /// and limit derived from it; docs/install.md#sizing), at these sizes: the same as
+    /// `--sizing-sizes SIZES` with every other part skipped.
+    #[arg(long, value_name = "SIZES")]
+    pub sizing: Option<String>,
+    /// The sizing table's sizes, SERVICESxENDPOINTS, comma-separated (empty for none).
+    #[arg(long, value_delimiter = ',', default_value = "1000x10,10000x10,50000x10,100000x10")]
+    pub sizing_sizes: Vec<String>,
     /// Skip the head-to-head.
     #[arg(long)]
     pub no_head_to_head: bool,
@@ -191,11 +200,23 @@ impl From<H2hProxy> for proxies::Proxy {
 impl BenchArgs {
     /// `--quick` overrides (what CI can afford in about three minutes), and `--head-to-head`'s.
     fn effective(&self) -> BenchArgs {
+        if let Some(sizes) = &self.sizing {
+            let mut only = if self.quick { self.quick_parts() } else { self.clone() };
+            only.sizing = None;
+            only.sizing_sizes = sizes.split(',').map(|s| s.trim().to_string()).collect();
+            only.no_head_to_head = true;
+            only.no_e2e = true;
+            only.no_churn = true;
+            only.sizes = Vec::new();
+            only.no_dataplane = true;
+            return only;
+        }
         if let Some(sizes) = &self.head_to_head {
             let mut only = if self.quick { self.quick_parts() } else { self.clone() };
             only.head_to_head = None;
             only.h2h_sizes = sizes.split(',').map(|s| s.trim().to_string()).collect();
             only.no_head_to_head = false;
+            only.sizing_sizes = Vec::new();
             only.no_e2e = true;
             only.no_churn = true;
             only.sizes = Vec::new();
@@ -212,6 +233,8 @@ impl BenchArgs {
         BenchArgs {
             quick: true,
             head_to_head: None,
+            sizing: None,
+            sizing_sizes: vec!["1000x10".into()],
             no_head_to_head: self.no_head_to_head,
             h2h_sizes: vec!["200x10".into()],
             h2h_proxies: self.h2h_proxies.clone(),
@@ -347,6 +370,16 @@ fn run_parts(args: &BenchArgs, record: &Record, report: &mut Report) -> Result<(
         let files = e2e::Files::new(&scratch.0.join("manifests"))?;
         let e2e = e2e::run(&args.e2e_plan()?, &files)?;
         report.add(&e2e::tables(&e2e));
+    }
+    let sizing_sizes = args
+        .sizing_sizes
+        .iter()
+        .filter(|s| !s.trim().is_empty())
+        .map(|s| parse_size(s))
+        .collect::<Result<Vec<_>, _>>()?;
+    if !sizing_sizes.is_empty() {
+        let files = e2e::Files::new(&scratch.0.join("manifests"))?;
+        report.add(&sizing::table(&sizing::run(&sizing_sizes, &files)?));
     }
     if !args.no_churn {
         let plan = args.churn_plan(record)?;
