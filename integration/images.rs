@@ -219,6 +219,15 @@ fn the_images_hold_what_their_manifests_expect() {
     for absent in ["/bin/sh", "/usr/sbin/nft", "/usr/sbin/iptables", "/usr/sbin/xtables-nft-multi"] {
         assert!(!nftproxy.exists(absent), "nftproxy's image holds {absent}");
     }
+    // deploy/Containerfile's step makes the same tree (owners, modes, links, bytes): given the
+    // image's own binary, `scripts/images rootfs` gives back the image's files.
+    let rootfs = tempfile::tempdir().unwrap();
+    run(Command::new(repo().join("scripts/images"))
+        .args(["rootfs", "nftproxy"])
+        .arg(nftproxy.path("/usr/local/bin/nftproxy"))
+        .arg(rootfs.path()));
+    assert_eq!(tree(rootfs.path()), tree(&nftproxy.root), "scripts/images rootfs and the offline image differ");
+
     // The rollout build: the same files, another digest.
     let rollout = images.get(&format!("nftproxy:{version}-rollout")).unwrap();
     assert_ne!(rollout.digest, release.digest);
@@ -243,7 +252,9 @@ fn the_images_hold_what_their_manifests_expect() {
         |part: &str| e2e.lines().find(|l| l.contains(part)).map(str::to_string).unwrap_or_else(|| panic!("{e2e}"));
     let agnhost_name = images.all().iter().find(|i| i.name.contains("/e2e-test-images/agnhost:")).unwrap().name.clone();
     assert!(e2e.lines().any(|l| l == agnhost_name), "e2e.test names {agnhost_name}:\n{e2e}");
-    for part in ["/e2e-test-images/glibc-dns-testing:", "/build-image/distroless-iptables:"] {
+    for part in
+        ["/e2e-test-images/glibc-dns-testing:", "/build-image/distroless-iptables:", "/e2e-test-images/nginx:1.27"]
+    {
         images.get(&e2e_name(part)).unwrap();
     }
 
@@ -284,6 +295,10 @@ fn the_images_hold_what_their_manifests_expect() {
     let distroless = Unpacked::new(images.get(&e2e_name("/distroless-iptables:")).unwrap());
     assert_eq!(distroless.layer_digest, proxy.layer_digest, "distroless-iptables is kube-proxy's files");
 
+    let nginx = Unpacked::new(images.get(&e2e_name("/e2e-test-images/nginx:1.27")).unwrap());
+    assert_eq!(nginx.strings("Cmd"), ["nginx", "-g", "daemon off;"]);
+    assert!(nginx.exists("/etc/nginx/sites-enabled/default"));
+
     let agnhost = Unpacked::new(images.get(&agnhost_name).unwrap());
     assert_eq!(agnhost.strings("Entrypoint"), ["/agnhost"]);
     assert_eq!(agnhost.strings("Cmd"), ["pause"]);
@@ -297,6 +312,14 @@ fn the_images_hold_what_their_manifests_expect() {
     let pause = Unpacked::new(images.get(listed.lines().find(|l| l.contains("/pause:")).unwrap()).unwrap());
     assert_eq!(pause.strings("Entrypoint"), ["/pause"]);
     assert_eq!(pause.config["User"], "65535:65535");
+}
+
+/// Every path under `dir` with its type, owner, mode, link target and, for files, SHA-256.
+fn tree(dir: &Path) -> String {
+    let out = run(Command::new("sh").current_dir(dir).arg("-c").arg(
+        "find . -printf '%p %y %U:%G %m %l\n' | LC_ALL=C sort && find . -type f -print0 | LC_ALL=C sort -z | xargs -0 sha256sum",
+    ));
+    String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
 fn kubernetes_version() -> String {
@@ -546,6 +569,12 @@ fn the_images_answer_in_containerd() {
     assert!(said.contains(&format!("CoreDNS-{tag}")), "{said}");
     // As its user (65532), it binds port 53: the file capability survived the layer.
     containerd.starts(coredns, &["-dns.port", "53"], Duration::from_secs(2));
+
+    // nginx (the EndpointSlice specs' pods) serves with its own command until stopped.
+    let nginx = images.all().iter().find(|i| i.name.contains("/e2e-test-images/nginx:")).unwrap();
+    let said = containerd.run(nginx, &["nginx", "-t"]);
+    assert!(said.contains("test is successful"), "{said}");
+    containerd.starts(nginx, &[], Duration::from_secs(2));
 
     let agnhost = images.all().iter().find(|i| i.name.contains("/e2e-test-images/agnhost:")).unwrap();
     let said = containerd.run(agnhost, &["/agnhost", "--help"]);
