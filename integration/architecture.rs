@@ -1,6 +1,7 @@
-//! The house's shape, checked: the pure core depends on nothing that reaches the kernel, the
-//! network or the API server, and no two files of a crate import each other, directly or around
-//! a loop. (No root needed.)
+//! The code's shape, checked: the pure core depends on nothing that reaches the kernel, the
+//! network or the API server; no module imports from a module that imports it, directly or
+//! around a loop (a folder's `mod.rs` and its files included); and ARCHITECTURE.md's module map
+//! and walks match the tree. (No root needed.)
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -398,8 +399,8 @@ fn loops(arrows: &BTreeMap<PathBuf, BTreeSet<PathBuf>>) -> Vec<Vec<PathBuf>> {
 }
 
 /// Each crate's files import one another in one direction only: a loop (`a.rs` uses `b.rs`
-/// and `b.rs` uses `a.rs`, or around several files) means two rooms that are really one, or a
-/// name in the wrong room.
+/// and `b.rs` uses `a.rs`, or around several files) means two modules that are really one, or
+/// a name in the wrong module.
 #[test]
 fn no_file_imports_a_file_that_imports_it_back() {
     let mut found = Vec::new();

@@ -428,7 +428,7 @@ fn a_ruleset_of_the_previous_shape_converges_without_re_creating_the_table() {
         return;
     }
     let ns = Netns::create("upgrade").unwrap();
-    let old = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("integration/fixtures/external-9507716.nft");
+    let old = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("integration/fixtures/external-previous-shape.nft");
     ns.exec("nft", &["-f", old.to_str().unwrap()]).unwrap();
     let one_shot = || one_shot_sync("10.0.0.0/8", include_str!("../nft-templates/external/input.yaml"));
     let (first, transaction, planned) = ns.run(one_shot).unwrap();

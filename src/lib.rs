@@ -28,5 +28,5 @@ pub mod source;
 mod status;
 pub mod sync;
 mod takeover;
-mod tools;
+mod tools_binary;
 mod trace;

@@ -4,7 +4,7 @@
 //! reason, duration and result, as JSON. `nftproxy status` prints it for a person.
 //!
 //! The syncer and the index live on the sync loop's thread, so the server hands each request to
-//! the loop ([`Desk`]), which answers between syncs; the server waits at most
+//! the loop ([`DebugAnswerer`]), which answers between syncs; the server waits at most
 //! [`ANSWER_TIMEOUT`] and serves one such request at a time. The answer is bounded:
 //! `?limit=N` service ports (default [`DEFAULT_LIMIT`], at most [`MAX_LIMIT`]), the rest only
 //! counted (`servicePortsTotal`, `truncated`); `?namespace=NS` and `?service=NS/NAME` select.
@@ -49,17 +49,17 @@ fn rfc3339(t: SystemTime) -> String {
 
 /// The sync loop's side: keeps what the JSON needs besides the syncer (problems, the last sync)
 /// and answers requests between syncs.
-pub(crate) struct Desk {
+pub(crate) struct DebugAnswerer {
     requests: Receiver<Request>,
     problems: ProblemLog,
     last_sync: Option<LastSync>,
 }
 
-impl Desk {
-    /// A desk, and the sender the server hands requests to.
-    pub(crate) fn new() -> (Desk, Sender<Request>) {
+impl DebugAnswerer {
+    /// An answerer, and the sender the server hands requests to.
+    pub(crate) fn new() -> (DebugAnswerer, Sender<Request>) {
         let (tx, rx) = mpsc::channel();
-        (Desk { requests: rx, problems: ProblemLog::default(), last_sync: None }, tx)
+        (DebugAnswerer { requests: rx, problems: ProblemLog::default(), last_sync: None }, tx)
     }
 
     /// Problems a source reported.
@@ -310,17 +310,17 @@ mod tests {
     #[test]
     fn the_document_describes_ports_problems_and_the_last_sync() {
         let (index, syncer) = synced_proxy(WEB);
-        let (mut desk, tx) = Desk::new();
+        let (mut answerer, tx) = DebugAnswerer::new();
         let problem = Problem {
             object: ObjectRef { kind: ObjectKind::Service, namespace: Some("default".into()), name: "bad".into() },
             field: "spec.ports[0].port".into(),
             reason: "out of range".into(),
             object_skipped: false,
         };
-        desk.reported(std::slice::from_ref(&problem));
-        desk.updated(&Update::Service(Change::Delete(NamespacedName::new("default", "bad"))));
+        answerer.reported(std::slice::from_ref(&problem));
+        answerer.updated(&Update::Service(Change::Delete(NamespacedName::new("default", "bad"))));
         let selection = Selection { service: None, namespace: None, limit: 10 };
-        let report = desk.report(&index, &syncer, &selection);
+        let report = answerer.report(&index, &syncer, &selection);
         assert!(report.ready && report.last_sync.is_none());
         assert_eq!((report.service_ports_total, report.truncated), (1, false));
         let port = &report.service_ports[0];
@@ -339,12 +339,12 @@ mod tests {
         assert!(json.contains("\"clusterIPs\":[\"10.96.0.10\"]"), "{json}");
         assert_eq!(serde_json::from_str::<ServicesReport>(&json).unwrap(), report);
         // Another namespace: nothing, not even the problem.
-        let other = desk.report(&index, &syncer, &Selection { namespace: Some("x".into()), ..selection.clone() });
+        let other = answerer.report(&index, &syncer, &Selection { namespace: Some("x".into()), ..selection.clone() });
         assert!(other.service_ports.is_empty() && other.problems.is_empty());
         // Requests through the channel.
         let (answer, rx) = mpsc::sync_channel(1);
         tx.send(Request { selection, answer }).unwrap();
-        desk.answer(&index, &syncer);
+        answerer.answer(&index, &syncer);
         let body = rx.try_recv().unwrap();
         assert!(body.starts_with("{\"node\":\"node1\""), "{body}");
     }
@@ -352,7 +352,7 @@ mod tests {
     #[test]
     fn the_route_hands_requests_to_the_loop_and_bounds_them() {
         let inner: Handler = Arc::new(|asked| Reply::text(StatusCode::OK, asked.path.to_string()));
-        let (mut desk, tx) = Desk::new();
+        let (mut answerer, tx) = DebugAnswerer::new();
         let handler = with_route(inner, tx);
         assert_eq!(handler(&Asked::get("/metrics", "")).body, "/metrics");
         assert_eq!(handler(&Asked::get(PATH, "limit=0")).status, StatusCode::BAD_REQUEST);
@@ -361,7 +361,7 @@ mod tests {
         let server = std::thread::spawn(move || handler(&Asked::get(PATH, "service=default/web")));
         // The loop answers between syncs.
         while !server.is_finished() {
-            desk.answer(&index, &syncer);
+            answerer.answer(&index, &syncer);
             std::thread::sleep(Duration::from_millis(10));
         }
         let reply = server.join().unwrap();

@@ -120,7 +120,7 @@ struct AgentObserver {
     conntrack: Reconciler,
     /// kube-proxy's leftovers handed to the syncer, until a full sync removed them.
     takeover: Option<Leftovers>,
-    debug: debug::Desk,
+    debug: debug::DebugAnswerer,
     /// The health checks the servers serve, with the addresses and families they were
     /// served for (`None` until all were bound).
     health_served: Option<(Arc<[HealthCheck]>, NodePortTargets, Vec<IpFamily>)>,
@@ -475,7 +475,7 @@ pub(crate) fn run(settings: RunSettings) -> Result<(), RunError> {
     let proxier = health::proxier_handler(Arc::clone(&health), Arc::clone(&metrics));
     let _healthz =
         settings.healthz.map(|a| serve(&rt, "healthz", a, proxier, hard_fail, events.as_ref())).transpose()?;
-    let (desk, debug_requests) = debug::Desk::new();
+    let (answerer, debug_requests) = debug::DebugAnswerer::new();
     let configz: Arc<str> = Arc::from(settings.configz.as_str());
     let mut metrics_handler = crate::metrics::handler(Arc::clone(&metrics), configz);
     let own_debug = settings.debug.filter(|d| Some(*d) != settings.metrics);
@@ -522,7 +522,7 @@ pub(crate) fn run(settings: RunSettings) -> Result<(), RunError> {
         events,
         conntrack: Reconciler::default(),
         takeover,
-        debug: desk,
+        debug: answerer,
         health_served: None,
         node_watch,
         restart: restart.clone(),

@@ -120,8 +120,8 @@ fn execute(cli: Cli, matches: Option<&clap::ArgMatches>) -> Result<(), CliError>
             }
             Ok(())
         }
-        Command::Demo(args) => Ok(crate::tools::forward("demo", &args.args)?),
-        Command::Bench(args) => Ok(crate::tools::forward("bench", &args.args)?),
+        Command::Demo(args) => Ok(crate::tools_binary::forward("demo", &args.args)?),
+        Command::Bench(args) => Ok(crate::tools_binary::forward("bench", &args.args)?),
     }
 }
 
@@ -427,7 +427,7 @@ pub enum CliError {
     #[error(transparent)]
     Run(#[from] crate::agent::RunError),
     #[error(transparent)]
-    Tool(#[from] crate::tools::ToolError),
+    Tool(#[from] crate::tools_binary::ToolError),
     #[error("cannot write the output: {0}")]
     Output(#[source] std::io::Error),
     #[error("cannot encode the report as JSON: {0}")]

@@ -1,7 +1,7 @@
 //! An in-memory stand-in for the kernel, for tests that need no privileges.
 //!
 //! It applies transactions atomically with the checks that make the kernel refuse a batch
-//! ([`nft::kernel`](crate::nft::kernel)), and can be told to fail in the ways tests need.
+//! ([`nft::kernel_model`](crate::nft::kernel_model)), and can be told to fail in the ways tests need.
 
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
@@ -9,7 +9,7 @@ use super::error::{MessageFailure, NetlinkError};
 use super::netfilter::{ApplyStats, Netfilter};
 use crate::net::IpFamily;
 use crate::nft::diff::{OpKind, Transaction};
-use crate::nft::kernel::{self, Refusal};
+use crate::nft::kernel_model::{self, Refusal};
 use crate::nft::wire::{WireKey, WireRuleset};
 
 /// The fake kernel's state and a log of what it was sent.
@@ -126,10 +126,10 @@ impl Netfilter for FakeNetfilter {
                     text: None,
                 }]));
             }
-            kernel::apply_op(&mut state, op).map_err(|r| err(i, tx, errno(r)))?;
+            kernel_model::apply_op(&mut state, op).map_err(|r| err(i, tx, errno(r)))?;
         }
         for table in &state.tables {
-            kernel::check_references(table).map_err(|r| err(tx.ops.len().saturating_sub(1), tx, errno(r)))?;
+            kernel_model::check_references(table).map_err(|r| err(tx.ops.len().saturating_sub(1), tx, errno(r)))?;
         }
         self.state = state;
         if !tx.is_empty() {

@@ -1,13 +1,13 @@
 //! Planner tests: the golden scenarios (`nft-templates/`, one directory each, run by
 //! [`golden_scenarios`]) and the diffs between plans, applied to the kernel's rules
-//! (`nft::kernel`) so that ordering and reference bugs fail here too.
+//! (`nft::kernel_model`) so that ordering and reference bugs fail here too.
 
 use super::*;
 use crate::fixtures::*;
 use crate::model::NamespacedName;
 use crate::net::L4Proto;
 use crate::nft::diff::{Transaction, diff};
-use crate::nft::kernel;
+use crate::nft::kernel_model;
 use crate::nft::lower::lower_ruleset;
 use crate::nft::wire::WireRuleset;
 use crate::plan::placement::Placement;
@@ -20,7 +20,7 @@ fn wire(plan: &Plan) -> WireRuleset {
 /// and returns the diff.
 fn transition(from: &Plan, to: &Plan) -> Transaction {
     let mut state = WireRuleset::default();
-    kernel::apply(&mut state, &diff(&WireRuleset::default(), &wire(from))).unwrap();
+    kernel_model::apply(&mut state, &diff(&WireRuleset::default(), &wire(from))).unwrap();
     changed(&mut state, to).unwrap_or_else(|e| panic!("{e}"))
 }
 
@@ -28,7 +28,7 @@ fn transition(from: &Plan, to: &Plan) -> Transaction {
 /// it and end equal to `to`.
 fn changed(state: &mut WireRuleset, to: &Plan) -> Result<Transaction, String> {
     let tx = diff(state, &wire(to));
-    kernel::apply(state, &tx).map_err(|e| format!("the kernel refused the diff: {e:?}\n{:#?}", tx.summary()))?;
+    kernel_model::apply(state, &tx).map_err(|e| format!("the kernel refused the diff: {e:?}\n{:#?}", tx.summary()))?;
     let left = diff(state, &wire(to));
     if !left.is_empty() {
         return Err(format!("the state after the diff differs from the plan by {:#?}", left.summary()));
@@ -59,7 +59,7 @@ fn run_scenario(scenario: &Scenario) -> Vec<String> {
     let mut failures: Vec<String> =
         check_expected(&scenario.dir.join("expected.nft"), &plan.ruleset.to_string()).into_iter().collect();
     let mut created = WireRuleset::default();
-    if let Err(e) = kernel::apply(&mut created, &diff(&WireRuleset::default(), &wire(&plan))) {
+    if let Err(e) = kernel_model::apply(&mut created, &diff(&WireRuleset::default(), &wire(&plan))) {
         failures.push(format!("{}: the kernel refused the ruleset: {e:?}", scenario.name));
         return failures;
     }
@@ -172,10 +172,10 @@ fn the_same_state_plans_the_same_ruleset() {
 fn deleting_everything_deletes_the_tables() {
     let before = plan_with(&config(), &state(CLUSTERIP));
     let mut state = WireRuleset::default();
-    kernel::apply(&mut state, &diff(&WireRuleset::default(), &wire(&before))).unwrap();
+    kernel_model::apply(&mut state, &diff(&WireRuleset::default(), &wire(&before))).unwrap();
     let tx = diff(&state, &WireRuleset::default());
     assert_eq!(summary(&tx), vec!["delete table ip nftproxy"]);
-    kernel::apply(&mut state, &tx).unwrap();
+    kernel_model::apply(&mut state, &tx).unwrap();
     assert!(state.tables.is_empty());
 }
 
@@ -328,7 +328,7 @@ endpoints:
     let cluster_ip = [Value::Addr("10.96.0.1".parse().unwrap()), Value::Proto(L4Proto::Tcp), Value::Port(80)];
     assert_eq!(held("service-endpoints-1", &cluster_ip), vec![endpoint("10.128.0.1")]);
     assert!(table.sets["balanced-local-nodeports"].elements.contains_key(node_port.as_slice()));
-    kernel::apply(&mut WireRuleset::default(), &diff(&WireRuleset::default(), &lower_ruleset(&ruleset)))
+    kernel_model::apply(&mut WireRuleset::default(), &diff(&WireRuleset::default(), &lower_ruleset(&ruleset)))
         .unwrap_or_else(|e| panic!("kernel refused the plan: {e:?}\n{text}"));
 }
 

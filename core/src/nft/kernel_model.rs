@@ -1,9 +1,9 @@
-//! The kernel's rules for a transaction, as a pure function on the wire ruleset: objects must
-//! exist before they are referenced (`ENOENT`), referenced chains and sets cannot be deleted
-//! (`EBUSY`), an element cannot be re-added with different data or overlap an interval
-//! (`EEXIST`). The planner's tests apply every diff through it, and the agent's fake kernel
-//! is built on it. Rules have no handles here: a rule's handle is its 1-based position in its
-//! chain.
+//! A model of the kernel (the real one is the agent's `netlink::Kernel`): its rules for a
+//! transaction, as a pure function on the wire ruleset. Objects must exist before they are
+//! referenced (`ENOENT`), referenced chains and sets cannot be deleted (`EBUSY`), an element
+//! cannot be re-added with different data or overlap an interval (`EEXIST`). The planner's
+//! tests apply every diff through it, and the agent's fake kernel is built on it. Rules have no
+//! handles here: a rule's handle is its 1-based position in its chain.
 
 use indexmap::IndexMap;
 
