@@ -11,6 +11,17 @@ pub(crate) struct Process {
     pub pid: u32,
     /// Its `/proc/PID/comm`.
     pub comm: String,
+    /// The file name of its executable (`/proc/PID/exe`), where it could be read: nftproxy
+    /// started as `/usr/local/bin/kube-proxy` (the image swap) is `kube-proxy` by comm and
+    /// `nftproxy` by executable.
+    pub exe: Option<String>,
+}
+
+impl Process {
+    /// Whether it is an nftproxy (under any name).
+    pub(crate) fn is_nftproxy(&self) -> bool {
+        self.comm == "nftproxy" || self.exe.as_deref() == Some("nftproxy")
+    }
 }
 
 /// `NETLINK_NETFILTER`, the protocol column of `/proc/net/netlink`.
@@ -44,7 +55,10 @@ pub(crate) fn netlink_owners(ports: &[u32]) -> BTreeMap<u32, Process> {
             let Ok(target) = fs::read_link(fd.path()) else { continue };
             let Some(port) = socket_inode(&target.to_string_lossy()).and_then(|i| inodes.get(&i)) else { continue };
             let comm = fs::read_to_string(entry.path().join("comm")).unwrap_or_default().trim().to_string();
-            out.entry(*port).or_insert(Process { pid, comm });
+            let exe = fs::read_link(entry.path().join("exe"))
+                .ok()
+                .and_then(|e| e.file_name().map(|n| n.to_string_lossy().into_owned()));
+            out.entry(*port).or_insert(Process { pid, comm, exe });
         }
     }
     out

@@ -379,11 +379,16 @@ fn own_table(input: &CheckInput<'_>, table: &TableInfo, findings: &mut Vec<Findi
         let port = table.owner;
         let process = port.and_then(|p| input.owners.get(&p));
         let holder = match (port, process) {
-            (Some(p), Some(proc)) => format!("netlink port {p}, held by process {} ({})", proc.pid, proc.comm),
+            (Some(p), Some(proc)) => match &proc.exe {
+                Some(exe) if *exe != proc.comm => {
+                    format!("netlink port {p}, held by process {} ({}, executable {exe})", proc.pid, proc.comm)
+                }
+                _ => format!("netlink port {p}, held by process {} ({})", proc.pid, proc.comm),
+            },
             (Some(p), None) => format!("netlink port {p} (no process found holding it)"),
             (None, _) => "a netlink socket the kernel did not name".to_string(),
         };
-        let by_nftproxy = process.is_some_and(|p| p.comm == "nftproxy");
+        let by_nftproxy = process.is_some_and(Process::is_nftproxy);
         findings.push(Finding {
             severity: if by_nftproxy { Severity::Info } else { Severity::Warning },
             kind: FindingKind::OwnTableOwned,

@@ -293,16 +293,26 @@ fn an_owned_nftproxy_table_names_its_holder() {
     let mut owned = ours(TableFamily::Ip);
     owned.flags = TABLE_F_OWNER;
     owned.owner = Some(4242);
-    let holder = BTreeMap::from([(4242, Process { pid: 4242, comm: "holder".into() })]);
+    let holder = BTreeMap::from([(4242, Process { pid: 4242, comm: "holder".into(), exe: None })]);
     let report = check_with(&[owned.clone(), ours(TableFamily::Ip6)], &holder, &[]);
     assert!(has(&report, Severity::Warning, FindingKind::OwnTableOwned, "ip nftproxy", None));
     assert!(report.findings[0].summary.contains("process 4242 (holder)"), "{}", report.findings[0].summary);
     assert!(report.findings[0].effect.contains("Operation not permitted"));
 
     // Owned by an nftproxy process: expected when `run` owns its table.
-    let proxy = BTreeMap::from([(4242, Process { pid: 4242, comm: "nftproxy".into() })]);
+    let proxy = BTreeMap::from([(4242, Process { pid: 4242, comm: "nftproxy".into(), exe: None })]);
     let report = check_with(&[owned.clone(), ours(TableFamily::Ip6)], &proxy, &[]);
     assert!(has(&report, Severity::Info, FindingKind::OwnTableOwned, "ip nftproxy", None));
+    assert_eq!(report.exit_code(), 0);
+
+    // The image swap starts nftproxy as /usr/local/bin/kube-proxy: comm says kube-proxy, the
+    // executable nftproxy (found on a real node: `check --api` in the swapped pod warned).
+    let swapped = BTreeMap::from([(1, Process { pid: 1, comm: "kube-proxy".into(), exe: Some("nftproxy".into()) })]);
+    let mut by_pid_1 = owned.clone();
+    by_pid_1.owner = Some(1);
+    let report = check_with(&[by_pid_1, ours(TableFamily::Ip6)], &swapped, &[]);
+    assert!(has(&report, Severity::Info, FindingKind::OwnTableOwned, "ip nftproxy", None));
+    assert!(report.findings[0].summary.contains("process 1 (kube-proxy, executable nftproxy)"), "{report:?}");
     assert_eq!(report.exit_code(), 0);
 
     // The holder could not be found.
