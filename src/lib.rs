@@ -18,6 +18,7 @@ mod check;
 pub mod cli;
 mod conntrack;
 mod debug_services;
+mod handback;
 mod health;
 mod http;
 mod metrics;

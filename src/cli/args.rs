@@ -34,6 +34,12 @@ pub enum Command {
     Sync(ManifestArgs),
     /// Delete nftproxy's tables (and only those) in the current network namespace.
     Cleanup(TableArgs),
+    /// Hand the node back to kube-proxy (a rollback): wait until nftproxy has stopped here and
+    /// kube-proxy has synced its own rules, then delete nftproxy's tables, and stay until
+    /// stopped (deploy/hand-back's DaemonSet runs it on every node). With --check, exit 0 when
+    /// no table of nftproxy's is left here, 1 otherwise (its readiness probe), 2 when it could
+    /// not tell.
+    HandBack(HandBackArgs),
     /// Report foreign tables and base chains whose hooks and priorities may conflict with
     /// nftproxy's (a leftover kube-proxy, Docker, firewalld, drop policies, early NAT). Exit
     /// status: 0 nothing conflicts, 1 warnings or conflicts, 2 the check could not run.
@@ -249,6 +255,33 @@ pub struct TableArgs {
     /// The nftables table name (in the ip and ip6 families).
     #[arg(long, value_name = "NAME", default_value = ProxyConfig::DEFAULT_TABLE)]
     pub table: String,
+}
+
+/// `hand-back` options.
+#[derive(Debug, Args)]
+pub struct HandBackArgs {
+    #[command(flatten)]
+    pub table: TableArgs,
+    /// Where kube-proxy serves /healthz on this node (its healthzBindAddress).
+    #[arg(long, value_name = "IP:PORT", default_value = "127.0.0.1:10256")]
+    pub healthz_address: std::net::SocketAddr,
+    /// Only tell whether the node is handed back: exit 0 when no table of nftproxy's is left.
+    #[arg(long)]
+    pub check: bool,
+    /// Exit once the tables are deleted (or none was there) instead of staying.
+    #[arg(long, conflicts_with = "check")]
+    pub once: bool,
+}
+
+impl HandBackArgs {
+    /// The hand-back these options describe.
+    pub(crate) fn hand_back(&self) -> crate::handback::HandBack {
+        crate::handback::HandBack {
+            table: self.table.table.clone(),
+            healthz: self.healthz_address,
+            every: std::time::Duration::from_secs(1),
+        }
+    }
 }
 
 /// `trace` options.

@@ -33,6 +33,18 @@ pub fn run(cli: Cli, matches: Option<&clap::ArgMatches>) -> ExitCode {
             }
         };
     }
+    // `hand-back --check` is a readiness probe: 0 handed back, 1 not yet, 2 could not tell.
+    if let Command::HandBack(args) = &cli.command
+        && args.check
+    {
+        return match args.hand_back().done() {
+            Ok(done) => ExitCode::from(u8::from(!done)),
+            Err(e) => {
+                eprintln!("error: {e}");
+                ExitCode::from(CHECK_FAILED)
+            }
+        };
+    }
     match execute(cli, matches) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
@@ -79,6 +91,13 @@ fn execute(cli: Cli, matches: Option<&clap::ArgMatches>) -> Result<(), CliError>
                 synced.report.total.as_secs_f64() * 1000.0
             );
             Ok(())
+        }
+        Command::HandBack(args) => {
+            let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+            for signal in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
+                signal_hook::flag::register(signal, std::sync::Arc::clone(&stop)).map_err(CliError::Output)?;
+            }
+            Ok(args.hand_back().run(args.once, &stop)?)
         }
         Command::Cleanup(args) => {
             let mut config = ProxyConfig::new("cleanup");
@@ -442,6 +461,8 @@ pub enum CliError {
     Trace(#[from] crate::trace::TraceError),
     #[error(transparent)]
     Status(#[from] crate::status::StatusError),
+    #[error(transparent)]
+    HandBack(#[from] crate::handback::HandBackError),
     #[error(transparent)]
     Explain(#[from] crate::explain::ExplainError),
     #[error(transparent)]
