@@ -31,6 +31,7 @@ mod images;
 mod installers;
 mod kube;
 mod netlink;
+mod node;
 mod observe;
 mod random;
 mod reconcile;

@@ -109,6 +109,15 @@ impl Drop for Process {
     }
 }
 
+/// Real kubelets joining the control plane (`tools/src/node`): their Nodes' names (each gets a
+/// credential of the `system:nodes` group, as a kubelet's client certificate names it) and the
+/// cluster's pod range, from which the node-IPAM controller gives each Node its `podCIDR`.
+#[derive(Debug, Clone)]
+pub struct Kubelets {
+    pub nodes: Vec<String>,
+    pub cluster_cidr: String,
+}
+
 /// The running control plane.
 pub struct ControlPlane {
     /// The namespace it runs in (a lab client's).
@@ -123,6 +132,9 @@ pub struct ControlPlane {
     /// Behind a lock: tests kill and restart it while others hold the control plane.
     apiserver: std::sync::Mutex<Option<Process>>,
     controller_manager: Option<Process>,
+    /// With real kubelets: the scheduler (the tests play kubelet and scheduler otherwise).
+    scheduler: Option<Process>,
+    kubelets: Option<Kubelets>,
     /// Set (by a signal handler) to stop waiting for a process to become ready.
     interrupt: Arc<AtomicBool>,
 }
@@ -141,12 +153,36 @@ impl ControlPlane {
         ControlPlane::start_interruptible(ns, ip, service_cidr, Arc::new(AtomicBool::new(false)))
     }
 
+    /// A control plane for real kubelets ([`Kubelets`]): the API server authorizes nodes with
+    /// the Node authorizer and reaches kubelets at their InternalIP; the controller manager runs
+    /// upstream's default set of controllers (node IPAM and lifecycle, DaemonSets, Deployments,
+    /// the root CA's publisher…), and kube-scheduler places pods.
+    pub fn start_for_kubelets(
+        lab: &mut crate::lab::Lab,
+        service_cidr: &str,
+        kubelets: Kubelets,
+    ) -> Result<ControlPlane, ControlPlaneError> {
+        let client = lab.add_client("control-plane")?;
+        let (ns, ip) = (client.ns.name().to_string(), client.ip);
+        ControlPlane::start_with(&ns, ip, service_cidr, Some(kubelets), Arc::new(AtomicBool::new(false)))
+    }
+
     /// [`start`](ControlPlane::start), giving up ([`ControlPlaneError::Interrupted`]) as soon as
     /// `interrupt` is set (Ctrl-C), with whatever it had started stopped.
     pub fn start_interruptible(
         ns: &str,
         ip: Ipv4Addr,
         service_cidr: &str,
+        interrupt: Arc<AtomicBool>,
+    ) -> Result<ControlPlane, ControlPlaneError> {
+        ControlPlane::start_with(ns, ip, service_cidr, None, interrupt)
+    }
+
+    fn start_with(
+        ns: &str,
+        ip: Ipv4Addr,
+        service_cidr: &str,
+        kubelets: Option<Kubelets>,
         interrupt: Arc<AtomicBool>,
     ) -> Result<ControlPlane, ControlPlaneError> {
         let bins = UpstreamBins::locate()?;
@@ -160,12 +196,17 @@ impl ControlPlane {
             etcd: None,
             apiserver: std::sync::Mutex::new(None),
             controller_manager: None,
+            scheduler: None,
+            kubelets,
             interrupt,
         };
         cp.write_pki()?;
         cp.start_etcd()?;
         cp.start_apiserver()?;
         cp.start_controller_manager()?;
+        if cp.kubelets.is_some() {
+            cp.start_scheduler()?;
+        }
         Ok(cp)
     }
 
@@ -181,7 +222,11 @@ impl ControlPlane {
             "openssl rsa -pubout",
             Command::new("openssl").arg("rsa").arg("-in").arg(&key).arg("-pubout").arg("-out").arg(self.file("sa.pub")),
         )?;
-        std::fs::write(self.file("tokens.csv"), format!("{ADMIN_TOKEN},admin,admin,system:masters\n"))?;
+        let mut tokens = format!("{ADMIN_TOKEN},admin,admin,system:masters\n");
+        for node in self.kubelets.iter().flat_map(|k| &k.nodes) {
+            tokens.push_str(&format!("{},system:node:{node},node-{node},system:nodes\n", kubelet_token(node)));
+        }
+        std::fs::write(self.file("tokens.csv"), tokens)?;
         std::fs::create_dir_all(self.file("serving"))?;
         Ok(())
     }
@@ -228,7 +273,7 @@ impl ControlPlane {
 
     /// Starts (or starts again) kube-apiserver and waits until `/readyz` answers.
     pub fn start_apiserver(&self) -> Result<(), ControlPlaneError> {
-        let args = [
+        let mut args = vec![
             "--etcd-servers=http://127.0.0.1:2379".to_string(),
             format!("--advertise-address={}", self.ip),
             "--bind-address=0.0.0.0".into(),
@@ -245,6 +290,15 @@ impl ControlPlane {
             "--profiling=false".into(),
             "--v=1".into(),
         ];
+        if self.kubelets.is_some() {
+            args.retain(|a| !a.starts_with("--authorization-mode="));
+            args.extend([
+                "--authorization-mode=Node,RBAC".to_string(),
+                "--enable-admission-plugins=NodeRestriction".into(),
+                // Node names are not in any DNS here.
+                "--kubelet-preferred-address-types=InternalIP".into(),
+            ]);
+        }
         let apiserver = self.spawn("kube-apiserver", "kube-apiserver", &args)?;
         *self.apiserver.lock().unwrap_or_else(|e| e.into_inner()) = Some(apiserver);
         self.wait_for("kube-apiserver", Duration::from_secs(120), |cp| {
@@ -267,7 +321,7 @@ impl ControlPlane {
     fn start_controller_manager(&mut self) -> Result<(), ControlPlaneError> {
         let kubeconfig = self.file("admin.kubeconfig");
         std::fs::write(&kubeconfig, self.kubeconfig(ADMIN_TOKEN))?;
-        let args = [
+        let mut args = vec![
             format!("--kubeconfig={}", kubeconfig.display()),
             format!("--authentication-kubeconfig={}", kubeconfig.display()),
             format!("--authorization-kubeconfig={}", kubeconfig.display()),
@@ -284,12 +338,51 @@ impl ControlPlane {
             "--profiling=false".into(),
             "--v=1".into(),
         ];
+        if let Some(kubelets) = &self.kubelets {
+            // Upstream's default controllers, with node IPAM (kube-controller-manager's
+            // `--allocate-node-cidrs`), as kubeadm runs them.
+            args.retain(|a| !a.starts_with("--controllers="));
+            args.extend([
+                "--controllers=*".to_string(),
+                "--allocate-node-cidrs=true".into(),
+                format!("--cluster-cidr={}", kubelets.cluster_cidr),
+                "--node-cidr-mask-size=24".into(),
+                format!("--service-cluster-ip-range={}", self.service_cidr),
+            ]);
+        }
         let kcm = self.spawn("kube-controller-manager", "kube-controller-manager", &args)?;
         self.controller_manager = Some(kcm);
         // Ready once it has created the default namespace's ServiceAccount.
         self.wait_for("kube-controller-manager", Duration::from_secs(60), |cp| {
             cp.kubectl(&["get", "serviceaccount", "default", "-n", "default"]).is_ok_and(|o| o.status.success())
         })
+    }
+
+    /// kube-scheduler, as the admin, and waits until it serves its health endpoint.
+    fn start_scheduler(&mut self) -> Result<(), ControlPlaneError> {
+        let kubeconfig = self.file("admin.kubeconfig");
+        let args = [
+            format!("--kubeconfig={}", kubeconfig.display()),
+            format!("--authentication-kubeconfig={}", kubeconfig.display()),
+            format!("--authorization-kubeconfig={}", kubeconfig.display()),
+            "--leader-elect=false".into(),
+            "--bind-address=127.0.0.1".into(),
+            "--profiling=false".into(),
+            "--v=1".into(),
+        ];
+        self.scheduler = Some(self.spawn("kube-scheduler", "kube-scheduler", &args)?);
+        let ns = self.ns.clone();
+        self.wait_for("kube-scheduler", Duration::from_secs(60), move |_| {
+            Command::new("ip")
+                .args(["netns", "exec", &ns, "curl", "-sk", "-m", "2", "https://127.0.0.1:10259/healthz"])
+                .output()
+                .is_ok_and(|o| o.stdout == b"ok")
+        })
+    }
+
+    /// A kubelet's kubeconfig for `node` (its `system:nodes` credential).
+    pub fn kubelet_kubeconfig(&self, node: &str) -> String {
+        self.kubeconfig(&kubelet_token(node))
     }
 
     fn wait_for(
@@ -311,6 +404,7 @@ impl ControlPlane {
         let log = match what {
             "etcd" => self.etcd.as_ref().map(Process::log),
             "kube-apiserver" => self.apiserver.lock().unwrap_or_else(|e| e.into_inner()).as_ref().map(Process::log),
+            "kube-scheduler" => self.scheduler.as_ref().map(Process::log),
             _ => self.controller_manager.as_ref().map(Process::log),
         };
         Err(ControlPlaneError::NotReady { what, waited: within, log: log.unwrap_or_default() })
@@ -520,7 +614,7 @@ impl ControlPlane {
     /// The last lines each process logged (for a failing test's message).
     pub fn logs(&self) -> String {
         let apiserver = self.apiserver.lock().unwrap_or_else(|e| e.into_inner());
-        [self.etcd.as_ref(), apiserver.as_ref(), self.controller_manager.as_ref()]
+        [self.etcd.as_ref(), apiserver.as_ref(), self.controller_manager.as_ref(), self.scheduler.as_ref()]
             .into_iter()
             .flatten()
             .map(|p| format!("--- {} ---\n{}", p.what, p.log()))
@@ -533,10 +627,16 @@ impl Drop for ControlPlane {
     /// Stops the processes (the controller manager, the API server, then etcd) before their
     /// working directory is removed.
     fn drop(&mut self) {
+        self.scheduler.take();
         self.controller_manager.take();
         self.kill_apiserver();
         self.etcd.take();
     }
+}
+
+/// A kubelet's bearer token (static: the lab's API server reads its tokens at start).
+fn kubelet_token(node: &str) -> String {
+    format!("nftproxy-lab-kubelet-{node}")
 }
 
 fn run(what: &str, cmd: &mut Command) -> Result<Output, ControlPlaneError> {

@@ -14,6 +14,7 @@ pub mod differences;
 pub mod images;
 pub mod lab;
 pub mod netfilter;
+pub mod node;
 pub mod process;
 pub mod random;
 

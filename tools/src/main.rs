@@ -41,6 +41,9 @@ enum Command {
     /// mode), nftproxy and `nftproxy explain` compared probe by probe; writes a dated results
     /// file.
     Random(nftproxy_tools::random::RandomArgs),
+    /// A cluster of real nodes (containerd and kubelet in lab namespaces) with kubeadm's
+    /// kube-proxy and CoreDNS addons, held until Ctrl-C.
+    Nodes(nftproxy_tools::node::cli::NodesArgs),
     /// One phase of the benchmark, inside a benchmark namespace (started by `bench`).
     #[command(hide = true)]
     BenchWorker(nftproxy_tools::bench::worker::WorkerArgs),
@@ -70,6 +73,7 @@ fn main() -> ExitCode {
         }
         Command::Random(args) => nftproxy_tools::random::run_cli(&args).map_err(|e| e.to_string()),
         Command::BenchWorker(args) => nftproxy_tools::bench::worker::run(&args).map_err(|e| e.to_string()),
+        Command::Nodes(args) => nftproxy_tools::node::cli::run(&args),
         Command::Cluster { size, out, list } => write_cluster(&size, out.as_deref(), list),
     };
     match result {

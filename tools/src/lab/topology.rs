@@ -103,6 +103,43 @@ impl Lab {
 
     /// Adds a node (`node1`, `node2`, … get 192.168.50.2, .3, … and pod range 10.244.N.0/24).
     pub fn add_node(&mut self, name: &str) -> Result<&LabNode, LabError> {
+        let node = self.wire_node(name)?;
+        let (ns, index, ip, ip6) = (&node.ns, node.index, node.ip, node.ip6);
+        ns.ip(&["link", "add", "cbr0", "type", "bridge"])?;
+        ns.ip(&["addr", "add", &format!("{}/24", node.gateway), "dev", "cbr0"])?;
+        ns.ip(&["addr", "add", &format!("{}/64", node.gateway6), "dev", "cbr0", "nodad"])?;
+        ns.ip(&["link", "set", "cbr0", "up"])?;
+        // Pod ranges of other nodes, and theirs to us, over the wan; the router learns ours.
+        self.wan.ip(&["route", "add", &format!("10.244.{index}.0/24"), "via", &ip.to_string()])?;
+        self.wan.ip(&["-6", "route", "add", &format!("fd00:10:244:{index}::/64"), "via", &ip6.to_string()])?;
+        for other in &self.nodes {
+            ns.ip(&["route", "add", &format!("10.244.{}.0/24", other.index), "via", &other.ip.to_string()])?;
+            ns.ip(&[
+                "-6",
+                "route",
+                "add",
+                &format!("fd00:10:244:{}::/64", other.index),
+                "via",
+                &other.ip6.to_string(),
+            ])?;
+            other.ns.ip(&["route", "add", &format!("10.244.{index}.0/24"), "via", &ip.to_string()])?;
+            other.ns.ip(&["-6", "route", "add", &format!("fd00:10:244:{index}::/64"), "via", &ip6.to_string()])?;
+        }
+        self.nodes.push(node);
+        Ok(&self.nodes[self.nodes.len() - 1])
+    }
+
+    /// Adds a node with only its wan link: no pod bridge and no pod routes, for a node whose CNI
+    /// makes its pods' network and whose pod range the cluster assigns ([`crate::node`]).
+    pub fn add_bare_node(&mut self, name: &str) -> Result<&LabNode, LabError> {
+        let node = self.wire_node(name)?;
+        self.nodes.push(node);
+        Ok(&self.nodes[self.nodes.len() - 1])
+    }
+
+    /// A node's namespace on the wan: its address, routes out, forwarding, and (node 1) the
+    /// service and external ranges the router sends to it.
+    fn wire_node(&mut self, name: &str) -> Result<LabNode, LabError> {
         let index = u8::try_from(self.nodes.len() + 1).map_err(|_| LabError::NotPrivileged("too many nodes".into()))?;
         let ns = Netns::create(&format!("n{index}"))?;
         let ip = Ipv4Addr::new(192, 168, 50, 1 + index);
@@ -131,36 +168,15 @@ impl Lab {
         ns.ip(&["link", "set", "eth0", "up"])?;
         ns.ip(&["route", "add", "default", "via", "192.168.50.1"])?;
         ns.ip(&["-6", "route", "add", "default", "via", "fd00:50::1"])?;
-        ns.ip(&["link", "add", "cbr0", "type", "bridge"])?;
-        ns.ip(&["addr", "add", &format!("{gateway}/24"), "dev", "cbr0"])?;
-        ns.ip(&["addr", "add", &format!("{gateway6}/64"), "dev", "cbr0", "nodad"])?;
-        ns.ip(&["link", "set", "cbr0", "up"])?;
         sysctl(&ns, "net.ipv4.ip_forward", "1")?;
         sysctl(&ns, "net.ipv6.conf.all.forwarding", "1")?;
-        // Pod ranges of other nodes, and theirs to us, over the wan; the router learns ours.
-        self.wan.ip(&["route", "add", &format!("10.244.{index}.0/24"), "via", &ip.to_string()])?;
-        self.wan.ip(&["-6", "route", "add", &format!("fd00:10:244:{index}::/64"), "via", &ip6.to_string()])?;
         if index == 1 {
             self.wan.ip(&["route", "add", SERVICE_CIDR_V4, "via", &ip.to_string()])?;
             self.wan.ip(&["-6", "route", "add", SERVICE_CIDR_V6, "via", &ip6.to_string()])?;
             self.wan.ip(&["route", "add", EXTERNAL_CIDR_V4, "via", &ip.to_string()])?;
             self.wan.ip(&["-6", "route", "add", EXTERNAL_CIDR_V6, "via", &ip6.to_string()])?;
         }
-        for other in &self.nodes {
-            ns.ip(&["route", "add", &format!("10.244.{}.0/24", other.index), "via", &other.ip.to_string()])?;
-            ns.ip(&[
-                "-6",
-                "route",
-                "add",
-                &format!("fd00:10:244:{}::/64", other.index),
-                "via",
-                &other.ip6.to_string(),
-            ])?;
-            other.ns.ip(&["route", "add", &format!("10.244.{index}.0/24"), "via", &ip.to_string()])?;
-            other.ns.ip(&["-6", "route", "add", &format!("fd00:10:244:{index}::/64"), "via", &ip6.to_string()])?;
-        }
-        self.nodes.push(LabNode { name: name.to_string(), ns, ip, ip6, gateway, gateway6, index, pods: 0 });
-        Ok(&self.nodes[self.nodes.len() - 1])
+        Ok(LabNode { name: name.to_string(), ns, ip, ip6, gateway, gateway6, index, pods: 0 })
     }
 
     /// Adds a pod on a node; it gets the node's next address (10.244.N.10, .11, …).

@@ -1,0 +1,34 @@
+//! Real nodes (tools/src/node): upstream's containerd, runc and CNI plugins with kubelet
+//! v1.37.2 in lab namespaces, pods as real containers from images built offline
+//! (`scripts/images`), kubeadm's own kube-proxy and CoreDNS addons. The operator's path runs on
+//! them with clients opening new connections to the Services all along
+//! (`tools/src/node/scenario.rs`): the image swap, the way back, the longer path on rebooted
+//! nodes, kubelet and containerd restarts, a rolling update and a reboot. No connection to a
+//! Service whose endpoints did not change may fail.
+
+use crate::common::*;
+use nftproxy_tools::node::scenario;
+
+#[test]
+fn kubeadms_kube_proxy_swapped_rolled_back_and_the_longer_path_on_real_nodes() {
+    if skip_unless_privileged() {
+        return;
+    }
+    let _one = crate::control_plane::ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let images = nftproxy_tools::node::images::locate().expect("the images (scripts/images)");
+    let s = match scenario::run(&images) {
+        Ok(s) => s,
+        Err((s, e)) => {
+            let done = s.map(|s| scenario::to_markdown(&s.records)).unwrap_or_default();
+            panic!("{e}\nphases so far:\n{done}");
+        }
+    };
+    let report = scenario::to_markdown(&s.records);
+    eprintln!("{report}");
+    for r in &s.records {
+        if r.endpoints_unchanged {
+            assert_eq!(r.failed(), 0, "{}: connections failed\n{report}", r.name);
+            assert!(r.ok() > 0, "{}: no client asked\n{report}", r.name);
+        }
+    }
+}
