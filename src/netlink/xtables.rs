@@ -4,8 +4,8 @@
 //! to them there; upstream, starting in nftables mode, removes them with `iptables-legacy`, and
 //! so does nftproxy's takeover, here, without a program.
 //!
-//! A table is read as userspace iptables reads it (`IPT_SO_GET_INFO`, `IPT_SO_GET_ENTRIES` on a
-//! raw socket) and written back whole (`IPT_SO_SET_REPLACE`): the entries of the removed chains
+//! A table is read as userspace iptables reads it (`IPT_SO_GET_INFO`, `IPT_SO_GET_ENTRIES`) and
+//! written back whole (`IPT_SO_SET_REPLACE`): the entries of the removed chains
 //! and the removed jumps are left out, every jump offset and hook entry point is moved to where
 //! its entry now sits, and the kernel checks the result as it checks iptables' own. If the table
 //! changed between the read and the write (the kernel's entry count differs), the kernel refuses
@@ -16,7 +16,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::io;
 use std::os::fd::OwnedFd;
 
-use nix::sys::socket::{AddressFamily, SockFlag, SockProtocol, SockType, socket};
+use nix::sys::socket::{AddressFamily, SockFlag, SockType, socket};
 use thiserror::Error;
 
 use super::sockopt;
@@ -143,13 +143,15 @@ pub(crate) fn loaded_tables(family: IpFamily) -> Vec<String> {
     std::fs::read_to_string(file).map(|t| t.split_whitespace().map(str::to_string).collect()).unwrap_or_default()
 }
 
-fn raw_socket(family: IpFamily) -> Result<OwnedFd, XtablesError> {
+fn xtables_socket(family: IpFamily) -> Result<OwnedFd, XtablesError> {
     let domain = match family {
         IpFamily::V4 => AddressFamily::Inet,
         IpFamily::V6 => AddressFamily::Inet6,
     };
-    socket(domain, SockType::Raw, SockFlag::SOCK_CLOEXEC, SockProtocol::Raw)
-        .map_err(|e| XtablesError::Io { what: "cannot open a raw socket for x_tables".into(), source: e.into() })
+    // Any socket of the family reaches x_tables' socket options (the kernel passes them on to
+    // netfilter by number); a datagram socket needs no CAP_NET_RAW, as iptables' raw one does.
+    socket(domain, SockType::Datagram, SockFlag::SOCK_CLOEXEC, None)
+        .map_err(|e| XtablesError::Io { what: "cannot open a socket for x_tables".into(), source: e.into() })
 }
 
 fn u16_at(b: &[u8], at: usize) -> Option<u16> {
@@ -170,7 +172,7 @@ fn name_at(b: &[u8], at: usize, len: usize) -> Option<String> {
 impl LegacyTable {
     /// Reads a table registered in this network namespace (see [`loaded_tables`]).
     pub(crate) fn read(family: IpFamily, name: &str) -> Result<LegacyTable, XtablesError> {
-        let fd = raw_socket(family)?;
+        let fd = xtables_socket(family)?;
         LegacyTable::read_on(&fd, family, name)
     }
 
@@ -432,7 +434,7 @@ pub(crate) fn remove(
     name: &str,
     decide: impl Fn(&LegacyTable) -> Removal,
 ) -> Result<Removal, XtablesError> {
-    let fd = raw_socket(family)?;
+    let fd = xtables_socket(family)?;
     let _lock = XtablesLock::acquire();
     let mut attempt = 0;
     loop {
