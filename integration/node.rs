@@ -16,16 +16,13 @@ fn kubeadms_kube_proxy_swapped_rolled_back_and_the_longer_path_on_real_nodes() {
     }
     let _one = crate::control_plane::ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     let images = nftproxy_tools::node::images::locate().expect("the images (scripts/images)");
-    let s = match scenario::run(&images) {
-        Ok(s) => s,
-        Err((s, e)) => {
-            let done = s.map(|s| scenario::to_markdown(&s.records)).unwrap_or_default();
-            panic!("{e}\nphases so far:\n{done}");
-        }
-    };
-    let report = scenario::to_markdown(&s.records);
+    let outcome = scenario::run(&images);
+    let report = scenario::to_markdown(&outcome.records);
+    if let Some(e) = &outcome.error {
+        panic!("{e}\nphases so far:\n{report}");
+    }
     eprintln!("{report}");
-    for r in &s.records {
+    for r in &outcome.records {
         if r.endpoints_unchanged {
             assert_eq!(r.failed(), 0, "{}: connections failed\n{report}", r.name);
             assert!(r.ok() > 0, "{}: no client asked\n{report}", r.name);

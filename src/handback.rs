@@ -143,7 +143,9 @@ impl HandBack {
             if said.as_ref() != Some(&state) || repeat {
                 match &state {
                     NodeState::Done => info!("no table of nftproxy's here: the node is handed back"),
-                    NodeState::NftproxyRuns => info!("nftproxy still runs here (it owns its tables); waiting for it to stop"),
+                    NodeState::NftproxyRuns => {
+                        info!("nftproxy still runs here (it owns its tables); waiting for it to stop")
+                    }
                     NodeState::NoSuccessor => info!("nftproxy has stopped; waiting for kube-proxy's rules"),
                     NodeState::NotSynced(what) => {
                         info!(rules = %what, healthz = %self.healthz, "kube-proxy's rules are here; waiting for its first sync")

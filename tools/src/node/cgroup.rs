@@ -166,7 +166,11 @@ impl CgroupRoot {
                 }
             }
         }
-        if failed.is_empty() { Ok(()) } else { Err(NodeError::Setup(format!("cannot remove cgroups: {}", failed.join("; ")))) }
+        if failed.is_empty() {
+            Ok(())
+        } else {
+            Err(NodeError::Setup(format!("cannot remove cgroups: {}", failed.join("; "))))
+        }
     }
 }
 

@@ -70,10 +70,7 @@ pub fn run(args: &NodesArgs) -> Result<(), String> {
 
 fn run_scenario(images: &[PathBuf], results: &std::path::Path) -> Result<(), String> {
     let started = std::time::SystemTime::now();
-    let (records, error) = match scenario::run(images) {
-        Ok(s) => (s.records.clone(), None),
-        Err((s, e)) => (s.map(|s| s.records.clone()).unwrap_or_default(), Some(e.to_string())),
-    };
+    let scenario::Outcome { records, error } = scenario::run(images);
     let failing: Vec<&str> =
         records.iter().filter(|r| r.endpoints_unchanged && r.failed() > 0).map(|r| r.name.as_str()).collect();
     let date = humantime::format_rfc3339_seconds(started).to_string();

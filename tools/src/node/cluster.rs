@@ -160,9 +160,7 @@ impl NodeCluster {
     /// Reboots a node ([`Node::reboot`]) with its boot routes.
     pub fn reboot(&mut self, name: &str) -> Result<(), ClusterError> {
         let routes = self.boot_routes(name);
-        let node = self
-            .node_mut(name)
-            .ok_or_else(|| NodeError::Setup(format!("no node {name}")))?;
+        let node = self.node_mut(name).ok_or_else(|| NodeError::Setup(format!("no node {name}")))?;
         node.reboot(&routes)?;
         Ok(())
     }

@@ -104,36 +104,37 @@ impl Prober {
         let stop = Arc::new(AtomicBool::new(false));
         let flag = Arc::clone(&stop);
         let from = from.to_string();
-        let thread = std::thread::spawn(move || {
-            let started = Instant::now();
-            let mut report = ProbeReport { from, ..ProbeReport::default() };
-            if let Err(e) = crate::lab::netns::enter(&netns.to_string_lossy()) {
-                for t in &targets {
-                    report.targets.entry(t.name.clone()).or_default().failed.push(Failure {
-                        at: Duration::ZERO,
-                        error: format!("cannot enter {}: {e}", netns.display()),
-                    });
-                }
-                return report;
-            }
-            let mut id: u16 = 1;
-            while !flag.load(Ordering::Relaxed) {
-                for t in &targets {
-                    id = id.wrapping_add(1);
-                    let counts = report.targets.entry(t.name.clone()).or_default();
-                    match ask(&t.ask, timeout, id) {
-                        Ok(answer) => {
-                            counts.ok += 1;
-                            *counts.answers.entry(answer).or_default() += 1;
-                        }
-                        Err(e) => counts.failed.push(Failure { at: started.elapsed(), error: e.to_string() }),
+        let thread =
+            std::thread::spawn(move || {
+                let started = Instant::now();
+                let mut report = ProbeReport { from, ..ProbeReport::default() };
+                if let Err(e) = crate::lab::netns::enter(&netns.to_string_lossy()) {
+                    for t in &targets {
+                        report.targets.entry(t.name.clone()).or_default().failed.push(Failure {
+                            at: Duration::ZERO,
+                            error: format!("cannot enter {}: {e}", netns.display()),
+                        });
                     }
+                    return report;
                 }
-                std::thread::sleep(interval);
-            }
-            report.elapsed = started.elapsed();
-            report
-        });
+                let mut id: u16 = 1;
+                while !flag.load(Ordering::Relaxed) {
+                    for t in &targets {
+                        id = id.wrapping_add(1);
+                        let counts = report.targets.entry(t.name.clone()).or_default();
+                        match ask(&t.ask, timeout, id) {
+                            Ok(answer) => {
+                                counts.ok += 1;
+                                *counts.answers.entry(answer).or_default() += 1;
+                            }
+                            Err(e) => counts.failed.push(Failure { at: started.elapsed(), error: e.to_string() }),
+                        }
+                    }
+                    std::thread::sleep(interval);
+                }
+                report.elapsed = started.elapsed();
+                report
+            });
         Prober { stop, thread: Some(thread) }
     }
 

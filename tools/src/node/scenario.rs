@@ -111,7 +111,8 @@ impl NodeScenario {
     /// What a failure message should carry: the error, the pods, the nodes' logs.
     pub fn diagnose(&self, e: &dyn std::fmt::Display) -> String {
         let pods = self.cluster.cp.kubectl_ok(&["get", "pods", "-A", "-o", "wide"]).unwrap_or_default();
-        let events = self.cluster.cp.kubectl_ok(&["get", "events", "-A", "--sort-by=.lastTimestamp"]).unwrap_or_default();
+        let events =
+            self.cluster.cp.kubectl_ok(&["get", "events", "-A", "--sort-by=.lastTimestamp"]).unwrap_or_default();
         let tail: Vec<&str> = events.lines().rev().take(25).collect();
         let logs: Vec<String> = self.cluster.nodes.iter().map(super::Node::logs).collect();
         format!("{e}\n{pods}\n{}\n{}", tail.into_iter().rev().collect::<Vec<_>>().join("\n"), logs.join("\n"))
@@ -163,7 +164,10 @@ impl NodeScenario {
                 Target { name: "web ClusterIP".into(), ask: http(SocketAddr::new(IpAddr::V4(web), 80)) },
                 Target {
                     name: "DNS via kube-dns ClusterIP".into(),
-                    ask: Ask::Dns { server: SocketAddr::new(IpAddr::V4(super::cluster::CLUSTER_DNS), 53), name: WEB_NAME.into() },
+                    ask: Ask::Dns {
+                        server: SocketAddr::new(IpAddr::V4(super::cluster::CLUSTER_DNS), 53),
+                        name: WEB_NAME.into(),
+                    },
                 },
             ];
             for (other, ip) in node_ips.iter().filter(|(o, _)| *o != node) {
@@ -181,7 +185,10 @@ impl NodeScenario {
         };
         let mut wan = Vec::new();
         for (name, ip) in &node_ips {
-            wan.push(Target { name: format!("NodePort on {name}"), ask: http(SocketAddr::new(IpAddr::V4(*ip), 30080)) });
+            wan.push(Target {
+                name: format!("NodePort on {name}"),
+                ask: http(SocketAddr::new(IpAddr::V4(*ip), 30080)),
+            });
         }
         wan.push(Target {
             name: "LoadBalancer (Local)".into(),
@@ -224,7 +231,7 @@ impl NodeScenario {
         })
     }
 
-    /// Runs `change` with every client asking all along and for [`SETTLE`] after it, and
+    /// Runs `change` with every client asking all along and for a few seconds after it, and
     /// records the phase.
     pub fn probed(
         &mut self,
@@ -244,14 +251,22 @@ impl NodeScenario {
         std::thread::sleep(SETTLE);
         let probes: Vec<ProbeReport> = probers.into_iter().map(Prober::finish).collect();
         let notes = result?;
-        self.records.push(PhaseRecord { name: name.to_string(), took: started.elapsed(), endpoints_unchanged, probes, notes });
+        self.records.push(PhaseRecord {
+            name: name.to_string(),
+            took: started.elapsed(),
+            endpoints_unchanged,
+            probes,
+            notes,
+        });
         Ok(&self.records[self.records.len() - 1])
     }
 
     /// A Service's ClusterIP.
     pub fn cluster_ip(&self, namespace: &str, name: &str) -> Result<Ipv4Addr, ClusterError> {
         let text = self.kubectl(&["-n", namespace, "get", "service", name, "-o", "jsonpath={.spec.clusterIP}"])?;
-        text.trim().parse().map_err(|_| NodeError::Setup(format!("service {namespace}/{name} has ClusterIP {text:?}")).into())
+        text.trim()
+            .parse()
+            .map_err(|_| NodeError::Setup(format!("service {namespace}/{name} has ClusterIP {text:?}")).into())
     }
 
     /// Pods matching a label selector: (UID, node).
@@ -267,10 +282,7 @@ impl NodeScenario {
             "-o",
             r#"jsonpath={range .items[*]}{.metadata.uid} {.spec.nodeName}{"\n"}{end}"#,
         ])?;
-        Ok(text
-            .lines()
-            .filter_map(|l| l.split_once(' ').map(|(u, n)| (u.to_string(), n.to_string())))
-            .collect())
+        Ok(text.lines().filter_map(|l| l.split_once(' ').map(|(u, n)| (u.to_string(), n.to_string()))).collect())
     }
 
     /// `kubectl set image` on kubeadm's DaemonSet, then its rollout.
@@ -323,7 +335,8 @@ impl NodeScenario {
             if !text.contains("kubeproxy_sync_proxy_rules_last_timestamp_seconds") {
                 problems.push(format!("{name}'s /metrics on 127.0.0.1:10249 lacks kube-proxy's families"));
             }
-            notes.push(format!("{name}: tables {}; /healthz 200; /metrics has kubeproxy_* families", tables.join(", ")));
+            notes
+                .push(format!("{name}: tables {}; /healthz 200; /metrics has kubeproxy_* families", tables.join(", ")));
         }
         for (pod, node) in self.pod_names(namespace, selector)? {
             let out = self.cluster.cp.kubectl(&[
@@ -350,8 +363,11 @@ impl NodeScenario {
         if problems.is_empty() {
             Ok(notes)
         } else {
-            Err(NodeError::Failed { what: "nftproxy serving in kube-proxy's place".into(), output: problems.join("\n") }
-                .into())
+            Err(NodeError::Failed {
+                what: "nftproxy serving in kube-proxy's place".into(),
+                output: problems.join("\n"),
+            }
+            .into())
         }
     }
 
@@ -462,7 +478,7 @@ impl NodeScenario {
                     let mut parts = l.split_whitespace();
                     let _name = parts.next();
                     let states: Vec<&str> = parts.collect();
-                    states.is_empty() || states.iter().any(|s| *s == "false")
+                    states.is_empty() || states.contains(&"false")
                 })
                 .collect();
             // Pods of kube-proxy-less phases whose network needs the proxy (CoreDNS reaches the API
@@ -501,7 +517,10 @@ impl NodeScenario {
         Ok(vec![
             format!("api-server.env: {}", env.trim().replace('\n', ", ")),
             "kubectl apply -k deploy/".into(),
-            format!("every Service answered every client {:.1} s after `kubectl apply`", started.elapsed().as_secs_f64()),
+            format!(
+                "every Service answered every client {:.1} s after `kubectl apply`",
+                started.elapsed().as_secs_f64()
+            ),
         ])
     }
 
@@ -517,7 +536,9 @@ impl NodeScenario {
             &format!("conntrack-sysctls={image}"),
         ])?;
         self.rollout("daemonset/nftproxy", Duration::from_secs(240))?;
-        Ok(vec![format!("kubectl -n kube-system set image daemonset/nftproxy nftproxy={image} conntrack-sysctls={image}")])
+        Ok(vec![format!(
+            "kubectl -n kube-system set image daemonset/nftproxy nftproxy={image} conntrack-sysctls={image}"
+        )])
     }
 }
 
@@ -569,22 +590,31 @@ impl NodeScenario {
         self.cluster.wait_until_ready(Duration::from_secs(120))?;
         self.wait_for_pods(Duration::from_secs(180))?;
         self.wait_until_served(Duration::from_secs(120))?;
-        Ok(vec![format!("{node} rebooted: every Service served again {:.1} s after the power cut", started.elapsed().as_secs_f64())])
+        Ok(vec![format!(
+            "{node} rebooted: every Service served again {:.1} s after the power cut",
+            started.elapsed().as_secs_f64()
+        )])
     }
 }
 
+/// What a run of the whole path saw: each phase's record, and why it stopped early, if it did
+/// (with the cluster's state then: pods, events, the nodes' logs).
+#[derive(Debug, Clone, Default)]
+pub struct Outcome {
+    pub records: Vec<PhaseRecord>,
+    pub error: Option<String>,
+}
+
 /// The whole path: boot with kubeadm's kube-proxy, the workload, the image swap, the way back,
-/// the longer path, then node events under nftproxy's own DaemonSet. Stops at the first error;
-/// `records` then holds what ran.
-pub fn run(images: &[PathBuf]) -> Result<NodeScenario, (Option<NodeScenario>, ClusterError)> {
-    let mut s = NodeScenario::start(&["node1", "node2"], images).map_err(|e| (None, e))?;
-    match run_phases(&mut s) {
-        Ok(()) => Ok(s),
-        Err(e) => {
-            let detail = s.diagnose(&e);
-            Err((Some(s), ClusterError::Timeout { what: "the scenario".into(), waited: Duration::ZERO, detail }))
-        }
-    }
+/// the longer path, then node events under nftproxy's own DaemonSet. Stops at the first error.
+/// The cluster is gone when it returns.
+pub fn run(images: &[PathBuf]) -> Outcome {
+    let mut s = match NodeScenario::start(&["node1", "node2"], images) {
+        Ok(s) => s,
+        Err(e) => return Outcome { records: Vec::new(), error: Some(e.to_string()) },
+    };
+    let error = run_phases(&mut s).err().map(|e| s.diagnose(&e));
+    Outcome { records: std::mem::take(&mut s.records), error }
 }
 
 fn run_phases(s: &mut NodeScenario) -> Result<(), ClusterError> {
@@ -621,7 +651,13 @@ pub fn to_markdown(records: &[PhaseRecord]) -> String {
             "| {} | {:.0} s | {} | {} | {} |",
             r.name,
             r.took.as_secs_f64(),
-            if r.probes.is_empty() { "-" } else if r.endpoints_unchanged { "yes" } else { "no" },
+            if r.probes.is_empty() {
+                "-"
+            } else if r.endpoints_unchanged {
+                "yes"
+            } else {
+                "no"
+            },
             r.ok() + r.failed(),
             r.failed()
         );
