@@ -15,7 +15,12 @@ fn kubeadms_kube_proxy_swapped_rolled_back_and_the_longer_path_on_real_nodes() {
         return;
     }
     let _one = crate::control_plane::ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
-    let images = nftproxy_tools::node::images::locate().expect("the images (scripts/images)");
+    let images: Vec<std::path::PathBuf> = nftproxy_tools::images::Images::locate()
+        .expect("the images (scripts/images)")
+        .all()
+        .iter()
+        .map(|i| i.archive.clone())
+        .collect();
     let outcome = scenario::run(&images);
     let report = scenario::to_markdown(&outcome.records);
     if let Some(e) = &outcome.error {

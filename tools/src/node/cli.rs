@@ -15,10 +15,10 @@ pub struct NodesArgs {
     /// The nodes' names (the scenario always runs two: node1 and node2).
     #[arg(long, value_delimiter = ',', default_value = "node1,node2")]
     pub nodes: Vec<String>,
-    /// Image archives to import into every node's containerd (OCI or Docker archives), or
-    /// directories of them; default: what `scripts/images` builds.
-    #[arg(long, value_delimiter = ',')]
-    pub images: Vec<PathBuf>,
+    /// A directory `scripts/images` wrote (its archives are imported into every node's
+    /// containerd); default: `$NFTPROXY_IMAGES`, else what `scripts/images` builds.
+    #[arg(long)]
+    pub images: Option<PathBuf>,
     /// Also deploy the scenario's workload (web servers, clients, their Services).
     #[arg(long)]
     pub workload: bool,
@@ -33,11 +33,12 @@ pub struct NodesArgs {
 
 /// Runs `nodes`.
 pub fn run(args: &NodesArgs) -> Result<(), String> {
-    let images = if args.images.is_empty() {
-        super::images::locate().map_err(|e| e.to_string())?
-    } else {
-        super::images::archives(&args.images).map_err(|e| e.to_string())?
-    };
+    let images = match &args.images {
+        Some(dir) => crate::images::Images::open(dir),
+        None => crate::images::Images::locate(),
+    }
+    .map_err(|e| e.to_string())?;
+    let images: Vec<PathBuf> = images.all().iter().map(|i| i.archive.clone()).collect();
     if args.scenario {
         return run_scenario(&images, &args.results);
     }

@@ -12,7 +12,6 @@ pub mod cgroup;
 pub mod cli;
 pub mod cluster;
 pub mod config;
-pub mod images;
 pub mod kubeadm;
 pub mod probe;
 pub mod scenario;
