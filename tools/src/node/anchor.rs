@@ -20,8 +20,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use super::NodeError;
 use super::cgroup::Hierarchy;
+use super::error::NodeError;
 
 /// kubelet's kernel tunables and the values it sets when they differ (`setupKernelTunables`).
 const KUBELET_TUNABLES: [(&str, &str); 6] = [

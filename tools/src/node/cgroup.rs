@@ -6,7 +6,7 @@
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use super::NodeError;
+use super::error::NodeError;
 
 /// Where the machine mounts its cgroup hierarchies.
 const CGROUP_FS: &str = "/sys/fs/cgroup";

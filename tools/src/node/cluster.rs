@@ -10,7 +10,8 @@ use std::time::{Duration, Instant};
 
 use thiserror::Error;
 
-use super::{Node, NodeError, NodeSpec};
+use super::error::NodeError;
+use super::machine::{Node, NodeSpec};
 use crate::controlplane::{ControlPlane, ControlPlaneError, Kubelets};
 use crate::lab::Lab;
 use crate::lab::topology::{CLUSTER_CIDR_V4, SERVICE_CIDR_V4};

@@ -6,7 +6,7 @@
 use std::net::Ipv4Addr;
 use std::path::Path;
 
-use super::NodeError;
+use super::error::NodeError;
 use crate::controlplane::{API_PORT, ControlPlane};
 
 /// kubeadm's configuration: the control plane's endpoint (what kube-proxy's kubeconfig names),

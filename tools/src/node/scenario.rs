@@ -12,8 +12,8 @@ use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use super::NodeError;
 use super::cluster::{ClusterError, NodeCluster};
+use super::error::NodeError;
 use super::kubeadm;
 use super::probe::{Ask, ProbeReport, Prober, Target};
 use crate::lab::topology::{CLUSTER_CIDR_V4, SERVICE_CIDR_V4};
@@ -114,7 +114,7 @@ impl NodeScenario {
         let events =
             self.cluster.cp.kubectl_ok(&["get", "events", "-A", "--sort-by=.lastTimestamp"]).unwrap_or_default();
         let tail: Vec<&str> = events.lines().rev().take(25).collect();
-        let logs: Vec<String> = self.cluster.nodes.iter().map(super::Node::logs).collect();
+        let logs: Vec<String> = self.cluster.nodes.iter().map(super::machine::Node::logs).collect();
         format!("{e}\n{pods}\n{}\n{}", tail.into_iter().rev().collect::<Vec<_>>().join("\n"), logs.join("\n"))
     }
 
@@ -583,7 +583,7 @@ impl NodeScenario {
         Ok(vec![format!("containerd on {node}: SIGTERM, started again; its shims kept the pods")])
     }
 
-    /// A node rebooted ([`super::Node::reboot`]), then every Service served again.
+    /// A node rebooted ([`super::machine::Node::reboot`]), then every Service served again.
     pub fn reboot(&mut self, node: &str) -> Result<Vec<String>, ClusterError> {
         let started = Instant::now();
         self.cluster.reboot(node)?;
