@@ -175,7 +175,17 @@ fn malformed_objects_are_reported_and_the_rest_applies() {
     }
     let lab = ClusterLab::new();
     let yaml = format!(
-        "{}---\napiVersion: v1\nkind: Service\nmetadata: {{name: broken, namespace: default}}\nspec: {{clusterIP: 10.96.0.300, ports: [{{port: 80}}]}}\n---\napiVersion: v1\nkind: Service\nmetadata: {{name: bad-port, namespace: default}}\nspec: {{clusterIP: 10.96.0.30, ports: [{{port: \"x\"}}]}}\n",
+        r#"{}---
+apiVersion: v1
+kind: Service
+metadata: {{name: broken, namespace: default}}
+spec: {{clusterIP: 10.96.0.300, ports: [{{port: 80}}]}}
+---
+apiVersion: v1
+kind: Service
+metadata: {{name: bad-port, namespace: default}}
+spec: {{clusterIP: 10.96.0.30, ports: [{{port: "x"}}]}}
+"#,
         web_manifests(&[WEB_1])
     );
     let path = lab.write("mixed.yaml", &yaml);
@@ -193,7 +203,12 @@ fn every_detect_local_mode_tells_pods_from_outsiders() {
         return;
     }
     let lab = ClusterLab::new();
-    let node = "---\napiVersion: v1\nkind: Node\nmetadata: {name: node1}\nspec: {podCIDRs: [10.244.1.0/24]}\n";
+    let node = r#"---
+apiVersion: v1
+kind: Node
+metadata: {name: node1}
+spec: {podCIDRs: [10.244.1.0/24]}
+"#;
     let yaml = format!("{}{node}", web_manifests(&[WEB_2]));
     let modes: [&[&str]; 3] = [
         &["--detect-local-mode", "BridgeInterface", "--pod-bridge-interface", "cbr0"],

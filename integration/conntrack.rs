@@ -43,19 +43,40 @@ fn udp_service(
         eps.push_str("[]\n");
     }
     format!(
-        "apiVersion: v1\nkind: Service\nmetadata: {{name: {name}, namespace: default}}\nspec:\n  type: {kind}\n  \
-         clusterIP: {cluster_ip}\n{ext}{extra}  ports:\n  - {{name: dns, port: 53, protocol: UDP, targetPort: 8080{np}}}\n\
-         ---\napiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata:\n  name: {name}-abcde\n  namespace: default\n  \
-         labels: {{kubernetes.io/service-name: {name}}}\naddressType: IPv4\nports: [{{name: dns, port: 8080, protocol: UDP}}]\n\
-         endpoints:\n{eps}---\n"
+        r#"apiVersion: v1
+kind: Service
+metadata: {{name: {name}, namespace: default}}
+spec:
+  type: {kind}
+  clusterIP: {cluster_ip}
+{ext}{extra}  ports:
+  - {{name: dns, port: 53, protocol: UDP, targetPort: 8080{np}}}
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata:
+  name: {name}-abcde
+  namespace: default
+  labels: {{kubernetes.io/service-name: {name}}}
+addressType: IPv4
+ports: [{{name: dns, port: 8080, protocol: UDP}}]
+endpoints:
+{eps}---
+"#
     )
 }
 
 /// This node, in zone-a, with its InternalIP (the node-port address).
 fn node() -> String {
     format!(
-        "apiVersion: v1\nkind: Node\nmetadata:\n  name: node1\n  labels: {{topology.kubernetes.io/zone: zone-a}}\n\
-         status:\n  addresses: [{{type: InternalIP, address: {NODE}}}]\n"
+        r#"apiVersion: v1
+kind: Node
+metadata:
+  name: node1
+  labels: {{topology.kubernetes.io/zone: zone-a}}
+status:
+  addresses: [{{type: InternalIP, address: {NODE}}}]
+"#
     )
 }
 
@@ -289,8 +310,13 @@ fn the_sysctl_command_computes_the_global_limits_as_upstream() {
     let config = dir.path().join("config.yaml");
     std::fs::write(
         &config,
-        "apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\nconntrack:\n  maxPerCore: 65536\n  \
-         min: 131072\n  tcpCloseWaitTimeout: 0s\n",
+        r#"apiVersion: kubeproxy.config.k8s.io/v1alpha1
+kind: KubeProxyConfiguration
+conntrack:
+  maxPerCore: 65536
+  min: 131072
+  tcpCloseWaitTimeout: 0s
+"#,
     )
     .unwrap();
     let run = |extra: &[&str]| {

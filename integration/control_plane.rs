@@ -71,17 +71,67 @@ fn pod_ip(lab: &ClusterLab, pod: &str) -> Ipv4Addr {
     }
 }
 
-const WEB: &str = "apiVersion: v1\nkind: Service\nmetadata: {name: web, namespace: default}\nspec:\n  clusterIP: 10.96.0.10\n  selector: {app: web}\n  ports:\n  - {name: http, port: 80, targetPort: 8080, protocol: TCP}\n  - {name: dns, port: 53, targetPort: 8080, protocol: UDP}\n";
+const WEB: &str = r#"apiVersion: v1
+kind: Service
+metadata: {name: web, namespace: default}
+spec:
+  clusterIP: 10.96.0.10
+  selector: {app: web}
+  ports:
+  - {name: http, port: 80, targetPort: 8080, protocol: TCP}
+  - {name: dns, port: 53, targetPort: 8080, protocol: UDP}
+"#;
 
 /// External traffic: a LoadBalancer with `externalTrafficPolicy: Local`, an ExternalIP, a
 /// NodePort and its health-check node port, as the API server allocates and validates them.
-const LB: &str = "apiVersion: v1\nkind: Service\nmetadata: {name: lb, namespace: default}\nspec:\n  type: LoadBalancer\n  clusterIP: 10.96.0.20\n  externalTrafficPolicy: Local\n  healthCheckNodePort: 32100\n  externalIPs: [203.0.113.7]\n  selector: {app: web}\n  ports:\n  - {name: http, port: 80, targetPort: 8080, nodePort: 30080, protocol: TCP}\n";
+const LB: &str = r#"apiVersion: v1
+kind: Service
+metadata: {name: lb, namespace: default}
+spec:
+  type: LoadBalancer
+  clusterIP: 10.96.0.20
+  externalTrafficPolicy: Local
+  healthCheckNodePort: 32100
+  externalIPs: [203.0.113.7]
+  selector: {app: web}
+  ports:
+  - {name: http, port: 80, targetPort: 8080, nodePort: 30080, protocol: TCP}
+"#;
 
 /// An EndpointSlice the API server accepts and nftproxy cannot use: it names no Service.
-const ORPHAN: &str = "apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata: {name: orphan, namespace: default}\naddressType: IPv4\nports: [{name: http, port: 8080, protocol: TCP}]\nendpoints: [{addresses: [10.244.1.10]}]\n";
+const ORPHAN: &str = r#"apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {name: orphan, namespace: default}
+addressType: IPv4
+ports: [{name: http, port: 8080, protocol: TCP}]
+endpoints: [{addresses: [10.244.1.10]}]
+"#;
 
 /// deploy/rbac.yaml's ClusterRole without its EndpointSlice rule.
-const NARROW: &str = "apiVersion: v1\nkind: ServiceAccount\nmetadata: {name: narrow, namespace: kube-system}\n---\napiVersion: rbac.authorization.k8s.io/v1\nkind: ClusterRole\nmetadata: {name: narrow}\nrules:\n- apiGroups: [\"\"]\n  resources: [services, nodes]\n  verbs: [get, list, watch]\n- apiGroups: [networking.k8s.io]\n  resources: [servicecidrs]\n  verbs: [get, list, watch]\n- apiGroups: [\"\", events.k8s.io]\n  resources: [events]\n  verbs: [create, patch]\n---\napiVersion: rbac.authorization.k8s.io/v1\nkind: ClusterRoleBinding\nmetadata: {name: narrow}\nroleRef: {apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, name: narrow}\nsubjects: [{kind: ServiceAccount, name: narrow, namespace: kube-system}]\n";
+const NARROW: &str = r#"apiVersion: v1
+kind: ServiceAccount
+metadata: {name: narrow, namespace: kube-system}
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRole
+metadata: {name: narrow}
+rules:
+- apiGroups: [""]
+  resources: [services, nodes]
+  verbs: [get, list, watch]
+- apiGroups: [networking.k8s.io]
+  resources: [servicecidrs]
+  verbs: [get, list, watch]
+- apiGroups: ["", events.k8s.io]
+  resources: [events]
+  verbs: [create, patch]
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRoleBinding
+metadata: {name: narrow}
+roleRef: {apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, name: narrow}
+subjects: [{kind: ServiceAccount, name: narrow, namespace: kube-system}]
+"#;
 
 /// kube-proxy's identity as kubeadm makes it (system:node-proxier).
 pub(crate) const KUBE_PROXY_SA: &str = nftproxy_tools::controlplane::KUBE_PROXY_IDENTITY;
@@ -268,7 +318,13 @@ fn bulk_services(range: std::ops::Range<usize>) -> String {
     let items: Vec<String> = range
         .map(|i| {
             format!(
-                "- apiVersion: v1\n  kind: Service\n  metadata: {{name: bulk-{i}, namespace: default}}\n  spec:\n    selector: {{app: web}}\n    ports: [{{name: http, port: 80, targetPort: 8080, protocol: TCP}}]\n"
+                r#"- apiVersion: v1
+  kind: Service
+  metadata: {{name: bulk-{i}, namespace: default}}
+  spec:
+    selector: {{app: web}}
+    ports: [{{name: http, port: 80, targetPort: 8080, protocol: TCP}}]
+"#
             )
         })
         .collect();
@@ -462,7 +518,45 @@ fn wait_exit(child: &mut std::process::Child, within: Duration) -> Option<std::p
 /// Policies and topology through the real API, on a dual-stack control plane: internal traffic
 /// policy Local, load-balancer source ranges, `trafficDistribution: PreferSameZone` (hints the
 /// EndpointSlice controller writes from the Nodes' zones) and a RequireDualStack Service.
-const POLICIES: &str = "apiVersion: v1\nkind: Service\nmetadata: {name: local, namespace: default}\nspec:\n  clusterIP: 10.96.0.50\n  internalTrafficPolicy: Local\n  selector: {app: web}\n  ports: [{name: http, port: 80, targetPort: 8080, protocol: TCP}]\n---\napiVersion: v1\nkind: Service\nmetadata: {name: ranged, namespace: default}\nspec:\n  type: LoadBalancer\n  clusterIP: 10.96.0.51\n  loadBalancerSourceRanges: [192.168.50.100/32]\n  selector: {app: web}\n  ports: [{name: http, port: 80, targetPort: 8080, nodePort: 30051, protocol: TCP}]\n---\napiVersion: v1\nkind: Service\nmetadata: {name: close, namespace: default}\nspec:\n  clusterIP: 10.96.0.52\n  trafficDistribution: PreferSameZone\n  selector: {app: web}\n  ports: [{name: http, port: 80, targetPort: 8080, protocol: TCP}]\n---\napiVersion: v1\nkind: Service\nmetadata: {name: dual, namespace: default}\nspec:\n  ipFamilyPolicy: RequireDualStack\n  ipFamilies: [IPv4, IPv6]\n  clusterIP: 10.96.0.53\n  clusterIPs: [10.96.0.53, \"fd00:96::53\"]\n  selector: {app: web}\n  ports: [{name: http, port: 80, targetPort: 8080, protocol: TCP}]\n";
+const POLICIES: &str = r#"apiVersion: v1
+kind: Service
+metadata: {name: local, namespace: default}
+spec:
+  clusterIP: 10.96.0.50
+  internalTrafficPolicy: Local
+  selector: {app: web}
+  ports: [{name: http, port: 80, targetPort: 8080, protocol: TCP}]
+---
+apiVersion: v1
+kind: Service
+metadata: {name: ranged, namespace: default}
+spec:
+  type: LoadBalancer
+  clusterIP: 10.96.0.51
+  loadBalancerSourceRanges: [192.168.50.100/32]
+  selector: {app: web}
+  ports: [{name: http, port: 80, targetPort: 8080, nodePort: 30051, protocol: TCP}]
+---
+apiVersion: v1
+kind: Service
+metadata: {name: close, namespace: default}
+spec:
+  clusterIP: 10.96.0.52
+  trafficDistribution: PreferSameZone
+  selector: {app: web}
+  ports: [{name: http, port: 80, targetPort: 8080, protocol: TCP}]
+---
+apiVersion: v1
+kind: Service
+metadata: {name: dual, namespace: default}
+spec:
+  ipFamilyPolicy: RequireDualStack
+  ipFamilies: [IPv4, IPv6]
+  clusterIP: 10.96.0.53
+  clusterIPs: [10.96.0.53, "fd00:96::53"]
+  selector: {app: web}
+  ports: [{name: http, port: 80, targetPort: 8080, protocol: TCP}]
+"#;
 
 #[test]
 fn policies_topology_and_dual_stack_through_the_real_api_server() {
@@ -504,7 +598,14 @@ fn policies_topology_and_dual_stack_through_the_real_api_server() {
     let config = lab.write(
         "config.conf",
         &format!(
-            "apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\nmode: nftables\nclientConnection: {{kubeconfig: {}}}\nhostnameOverride: node1\nclusterCIDR: {},{}\nconntrack: {{maxPerCore: 0, tcpEstablishedTimeout: 0s, tcpCloseWaitTimeout: 0s}}\n",
+            r#"apiVersion: kubeproxy.config.k8s.io/v1alpha1
+kind: KubeProxyConfiguration
+mode: nftables
+clientConnection: {{kubeconfig: {}}}
+hostnameOverride: node1
+clusterCIDR: {},{}
+conntrack: {{maxPerCore: 0, tcpEstablishedTimeout: 0s, tcpCloseWaitTimeout: 0s}}
+"#,
             kubeconfig.display(),
             nftproxy_tools::lab::topology::CLUSTER_CIDR_V4,
             nftproxy_tools::lab::topology::CLUSTER_CIDR_V6

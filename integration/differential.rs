@@ -82,10 +82,17 @@ fn short(name: &str, who: &'static str, proto: L4Proto, target: impl Into<String
     Probe { asks: 2, ..probe(name, who, proto, target) }
 }
 
-const SERVICES: &str = "apiVersion: v1\nkind: Service\nmetadata: {name: web, namespace: default}\nspec:\n  ipFamilyPolicy: RequireDualStack\n  ipFamilies: [IPv4, IPv6]\n  clusterIP: 10.96.0.10\n  clusterIPs: [10.96.0.10, \"fd00:96::10\"]\n  selector: {app: web}\n  ports:\n  - {name: http, port: 80, targetPort: 8080, protocol: TCP}\n  - {name: dns, port: 53, targetPort: 8080, protocol: UDP}\n---\napiVersion: v1\nkind: Service\nmetadata: {name: np, namespace: default}\nspec:\n  type: NodePort\n  ipFamilyPolicy: RequireDualStack\n  ipFamilies: [IPv4, IPv6]\n  clusterIP: 10.96.0.15\n  clusterIPs: [10.96.0.15, \"fd00:96::15\"]\n  selector: {app: web}\n  ports:\n  - {name: http, port: 80, targetPort: 8080, nodePort: 30090, protocol: TCP}\n---\napiVersion: v1\nkind: Service\nmetadata: {name: lb, namespace: default}\nspec:\n  type: LoadBalancer\n  clusterIP: 10.96.0.20\n  externalTrafficPolicy: Local\n  healthCheckNodePort: 32100\n  externalIPs: [203.0.113.7]\n  selector: {app: web}\n  ports:\n  - {name: http, port: 80, targetPort: 8080, nodePort: 30080, protocol: TCP}\n---\napiVersion: v1\nkind: Service\nmetadata: {name: sticky, namespace: default}\nspec:\n  clusterIP: 10.96.0.30\n  sessionAffinity: ClientIP\n  selector: {app: web}\n  ports:\n  - {name: http, port: 80, targetPort: 8080, protocol: TCP}\n---\napiVersion: v1\nkind: Service\nmetadata: {name: empty, namespace: default}\nspec:\n  clusterIP: 10.96.0.40\n  selector: {app: nothing}\n  ports:\n  - {name: http, port: 80, targetPort: 8080, protocol: TCP}\n---\napiVersion: v1\nkind: Service\nmetadata: {name: local, namespace: default}\nspec:\n  clusterIP: 10.96.0.50\n  internalTrafficPolicy: Local\n  selector: {app: web}\n  ports: [{name: http, port: 80, targetPort: 8080, protocol: TCP}]\n---\napiVersion: v1\nkind: Service\nmetadata: {name: ranged, namespace: default}\nspec:\n  type: LoadBalancer\n  clusterIP: 10.96.0.51\n  loadBalancerSourceRanges: [192.168.50.100/32]\n  selector: {app: web}\n  ports: [{name: http, port: 80, targetPort: 8080, nodePort: 30051, protocol: TCP}]\n---\napiVersion: v1\nkind: Service\nmetadata: {name: remote, namespace: default}\nspec:\n  type: NodePort\n  clusterIP: 10.96.0.52\n  externalTrafficPolicy: Local\n  selector: {pod: web-3}\n  ports: [{name: http, port: 80, targetPort: 8080, nodePort: 30052, protocol: TCP}]\n---\napiVersion: v1\nkind: Service\nmetadata: {name: self, namespace: default}\nspec:\n  clusterIP: 10.96.0.53\n  selector: {pod: web-1}\n  ports: [{name: http, port: 80, targetPort: 8080, protocol: TCP}]\n---\napiVersion: v1\nkind: Service\nmetadata: {name: term, namespace: default}\nspec:\n  clusterIP: 10.96.0.54\n  ports: [{name: p, port: 80, protocol: TCP}]\n---\napiVersion: v1\nkind: Service\nmetadata: {name: term-mixed, namespace: default}\nspec:\n  clusterIP: 10.96.0.55\n  ports: [{name: p, port: 80, protocol: TCP}]\n---\napiVersion: v1\nkind: Service\nmetadata: {name: udp-ep, namespace: default}\nspec:\n  clusterIP: 10.96.0.60\n  ports: [{name: p, port: 53, protocol: UDP}]\n---\napiVersion: v1\nkind: Service\nmetadata: {name: hold, namespace: default}\nspec:\n  clusterIP: 10.96.0.70\n  ports: [{name: p, port: 9090, protocol: TCP}]\n";
+/// The Services of the differential test (every type and policy it compares).
+const SERVICES: &str = include_str!("fixtures/differential/services.yaml");
 
 /// The UDP Service the conntrack phase deletes (and the next proxy's phase recreates).
-const UDP_GONE: &str = "apiVersion: v1\nkind: Service\nmetadata: {name: udp-gone, namespace: default}\nspec:\n  clusterIP: 10.96.0.61\n  ports: [{name: p, port: 53, protocol: UDP}]\n";
+const UDP_GONE: &str = r#"apiVersion: v1
+kind: Service
+metadata: {name: udp-gone, namespace: default}
+spec:
+  clusterIP: 10.96.0.61
+  ports: [{name: p, port: 53, protocol: UDP}]
+"#;
 
 /// An endpoint's conditions in a hand-written EndpointSlice.
 #[derive(Clone, Copy)]
@@ -113,7 +120,13 @@ fn slice(lab: &ClusterLab, service: &str, proto: &str, port: u16, endpoints: &[(
         ));
     }
     format!(
-        "apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata: {{name: {service}-1, namespace: default, labels: {{kubernetes.io/service-name: {service}}}}}\naddressType: IPv4\nports: [{{name: p, port: {port}, protocol: {proto}}}]\nendpoints:\n{eps}"
+        r#"apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {{name: {service}-1, namespace: default, labels: {{kubernetes.io/service-name: {service}}}}}
+addressType: IPv4
+ports: [{{name: p, port: {port}, protocol: {proto}}}]
+endpoints:
+{eps}"#
     )
 }
 
@@ -122,7 +135,16 @@ fn slice(lab: &ClusterLab, service: &str, proto: &str, port: u16, endpoints: &[(
 /// change.
 fn config(kubeconfig: &std::path::Path, mode: &str, extra: &str) -> String {
     format!(
-        "apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\nmode: {mode}\nclientConnection: {{kubeconfig: {}}}\nhostnameOverride: node1\nclusterCIDR: {},{}\nhealthzBindAddress: 0.0.0.0:10256\nmetricsBindAddress: 127.0.0.1:10249\nconntrack: {{maxPerCore: 0, tcpEstablishedTimeout: 0s, tcpCloseWaitTimeout: 0s}}\n{extra}",
+        r#"apiVersion: kubeproxy.config.k8s.io/v1alpha1
+kind: KubeProxyConfiguration
+mode: {mode}
+clientConnection: {{kubeconfig: {}}}
+hostnameOverride: node1
+clusterCIDR: {},{}
+healthzBindAddress: 0.0.0.0:10256
+metricsBindAddress: 127.0.0.1:10249
+conntrack: {{maxPerCore: 0, tcpEstablishedTimeout: 0s, tcpCloseWaitTimeout: 0s}}
+{extra}"#,
         kubeconfig.display(),
         nftproxy_tools::lab::topology::CLUSTER_CIDR_V4,
         nftproxy_tools::lab::topology::CLUSTER_CIDR_V6,

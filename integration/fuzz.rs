@@ -980,11 +980,24 @@ endpoints:
 "#
     )];
     docs.push(format!(
-        "apiVersion: v1\nkind: Service\nmetadata: {{name: many, namespace: ns}}\nspec:\n  type: NodePort\n  clusterIP: 10.96.0.2\n  ports: {}\n",
+        r#"apiVersion: v1
+kind: Service
+metadata: {{name: many, namespace: ns}}
+spec:
+  type: NodePort
+  clusterIP: 10.96.0.2
+  ports: {}
+"#,
         Ports::Many(3000).yaml()
     ));
     docs.push(format!(
-        "apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata: {{name: many-1, namespace: ns, labels: {{kubernetes.io/service-name: many}}}}\naddressType: IPv4\nports: [{{name: p0, port: 8080}}, {{name: p1, port: 8081}}]\nendpoints:\n{}",
+        r#"apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {{name: many-1, namespace: ns, labels: {{kubernetes.io/service-name: many}}}}
+addressType: IPv4
+ports: [{{name: p0, port: 8080}}, {{name: p1, port: 8081}}]
+endpoints:
+{}"#,
         many_endpoints(5000, false)
     ));
     docs.push(

@@ -534,8 +534,24 @@ struct Real<'a> {
     cp: &'a ControlPlane,
 }
 
-const REAL_WEB: &str = "apiVersion: v1\nkind: Service\nmetadata: {name: web, namespace: default}\nspec:\n  clusterIP: 10.96.0.10\n  selector: {app: web}\n  ports:\n  - {name: http, port: 80, targetPort: 8080, protocol: TCP}\n";
-const REAL_API: &str = "apiVersion: v1\nkind: Service\nmetadata: {name: api, namespace: default}\nspec:\n  clusterIP: 10.96.0.11\n  selector: {api: \"yes\"}\n  ports:\n  - {name: http, port: 80, targetPort: 8080, protocol: TCP}\n";
+const REAL_WEB: &str = r#"apiVersion: v1
+kind: Service
+metadata: {name: web, namespace: default}
+spec:
+  clusterIP: 10.96.0.10
+  selector: {app: web}
+  ports:
+  - {name: http, port: 80, targetPort: 8080, protocol: TCP}
+"#;
+const REAL_API: &str = r#"apiVersion: v1
+kind: Service
+metadata: {name: api, namespace: default}
+spec:
+  clusterIP: 10.96.0.11
+  selector: {api: "yes"}
+  ports:
+  - {name: http, port: 80, targetPort: 8080, protocol: TCP}
+"#;
 
 impl Cluster for Real<'_> {
     fn web(&self) {

@@ -19,11 +19,26 @@ fn many_services(n: usize, bump: bool) -> String {
     for i in 0..n {
         let (a, b) = (i / 250, i % 250);
         yaml.push_str(&format!(
-            "apiVersion: v1\nkind: Service\nmetadata: {{name: svc{i}, namespace: bench}}\nspec: {{clusterIP: 10.96.{a}.{b}, ports: [{{name: http, port: 80}}, {{name: dns, port: 53, protocol: UDP}}]}}\n---\n"
+            r#"apiVersion: v1
+kind: Service
+metadata: {{name: svc{i}, namespace: bench}}
+spec: {{clusterIP: 10.96.{a}.{b}, ports: [{{name: http, port: 80}}, {{name: dns, port: 53, protocol: UDP}}]}}
+---
+"#
         ));
         let extra = if bump && i == 7 { "- {addresses: [\"10.128.9.9\"]}\n" } else { "" };
         yaml.push_str(&format!(
-            "apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata: {{name: svc{i}-x, namespace: bench, labels: {{kubernetes.io/service-name: svc{i}}}}}\naddressType: IPv4\nports: [{{name: http, port: 8080}}, {{name: dns, port: 53, protocol: UDP}}]\nendpoints:\n- {{addresses: [\"10.128.{a}.{b}\"]}}\n- {{addresses: [\"10.129.{a}.{b}\"]}}\n- {{addresses: [\"10.130.{a}.{b}\"]}}\n{extra}---\n"
+            r#"apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {{name: svc{i}-x, namespace: bench, labels: {{kubernetes.io/service-name: svc{i}}}}}
+addressType: IPv4
+ports: [{{name: http, port: 8080}}, {{name: dns, port: 53, protocol: UDP}}]
+endpoints:
+- {{addresses: ["10.128.{a}.{b}"]}}
+- {{addresses: ["10.129.{a}.{b}"]}}
+- {{addresses: ["10.130.{a}.{b}"]}}
+{extra}---
+"#
         ));
     }
     yaml

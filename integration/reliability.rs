@@ -25,13 +25,25 @@ fn filler_yaml(n: usize, endpoints: usize, generation: usize) -> String {
     for i in 0..n {
         let (a, b) = (i / 250, i % 250);
         yaml.push_str(&format!(
-            "apiVersion: v1\nkind: Service\nmetadata: {{name: svc{i}, namespace: bench}}\nspec: {{clusterIP: 10.97.{a}.{b}, ports: [{{name: http, port: 80}}, {{name: dns, port: 53, protocol: UDP}}]}}\n---\n"
+            r#"apiVersion: v1
+kind: Service
+metadata: {{name: svc{i}, namespace: bench}}
+spec: {{clusterIP: 10.97.{a}.{b}, ports: [{{name: http, port: 80}}, {{name: dns, port: 53, protocol: UDP}}]}}
+---
+"#
         ));
         let eps: String = (0..endpoints)
             .map(|j| format!("- {{addresses: [\"10.{}.{a}.{b}\"]}}\n", 140 + j + generation * endpoints))
             .collect();
         yaml.push_str(&format!(
-            "apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata: {{name: svc{i}-x, namespace: bench, labels: {{kubernetes.io/service-name: svc{i}}}}}\naddressType: IPv4\nports: [{{name: http, port: 8080}}, {{name: dns, port: 53, protocol: UDP}}]\nendpoints:\n{eps}---\n"
+            r#"apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {{name: svc{i}-x, namespace: bench, labels: {{kubernetes.io/service-name: svc{i}}}}}
+addressType: IPv4
+ports: [{{name: http, port: 8080}}, {{name: dns, port: 53, protocol: UDP}}]
+endpoints:
+{eps}---
+"#
         ));
     }
     yaml

@@ -57,7 +57,26 @@ fn many_endpoints_yaml(n: u32) -> String {
         .map(|i| format!("  - addresses: [\"10.245.{}.{}\"]\n    nodeName: node2\n", i / 250, i % 250 + 1))
         .collect();
     format!(
-        "apiVersion: v1\nkind: Service\nmetadata: {{name: many, namespace: big}}\nspec:\n  clusterIP: 10.96.0.30\n  sessionAffinity: ClientIP\n  ports:\n  - {{name: http, port: 80, protocol: TCP, targetPort: 9090}}\n---\napiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata:\n  name: many-1\n  namespace: big\n  labels: {{kubernetes.io/service-name: many}}\naddressType: IPv4\nports:\n- {{name: http, port: 9090, protocol: TCP}}\nendpoints:\n{endpoints}"
+        r#"apiVersion: v1
+kind: Service
+metadata: {{name: many, namespace: big}}
+spec:
+  clusterIP: 10.96.0.30
+  sessionAffinity: ClientIP
+  ports:
+  - {{name: http, port: 80, protocol: TCP, targetPort: 9090}}
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata:
+  name: many-1
+  namespace: big
+  labels: {{kubernetes.io/service-name: many}}
+addressType: IPv4
+ports:
+- {{name: http, port: 9090, protocol: TCP}}
+endpoints:
+{endpoints}"#
     )
 }
 

@@ -14,7 +14,12 @@ const UNALLOCATED: &str = "10.96.0.99";
 
 fn service_cidr(name: &str, cidrs: &str) -> String {
     format!(
-        "---\napiVersion: networking.k8s.io/v1\nkind: ServiceCIDR\nmetadata: {{name: {name}}}\nspec: {{cidrs: [{cidrs}]}}\n"
+        r#"---
+apiVersion: networking.k8s.io/v1
+kind: ServiceCIDR
+metadata: {{name: {name}}}
+spec: {{cidrs: [{cidrs}]}}
+"#
     )
 }
 

@@ -8,7 +8,14 @@ use crate::common::*;
 /// The web service, plus one with a port out of range (ignored, the rest programmed).
 fn manifests() -> String {
     format!(
-        "{}---\napiVersion: v1\nkind: Service\nmetadata: {{name: odd, namespace: other}}\nspec:\n  clusterIP: 10.96.0.30\n  ports: [{{name: a, port: 80}}, {{name: b, port: 70000}}]\n",
+        r#"{}---
+apiVersion: v1
+kind: Service
+metadata: {{name: odd, namespace: other}}
+spec:
+  clusterIP: 10.96.0.30
+  ports: [{{name: a, port: 80}}, {{name: b, port: 70000}}]
+"#,
         web_manifests(&[WEB_1, WEB_2, WEB_3])
     )
 }

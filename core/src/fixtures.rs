@@ -281,6 +281,19 @@ pub fn affine_service(name: &str, cluster_ip: &str, n: u32, affine: bool) -> Str
         .map(|i| format!("- {{addresses: [\"10.100.{}.{}\"], nodeName: node{}}}\n", i / 250, i % 250 + 1, 1 + i % 2))
         .collect();
     format!(
-        "apiVersion: v1\nkind: Service\nmetadata: {{name: {name}, namespace: ns}}\nspec:\n  clusterIP: {cluster_ip}{affinity}\n  ports: [{{name: http, port: 80, protocol: TCP}}]\n---\napiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata: {{name: {name}-1, namespace: ns, labels: {{kubernetes.io/service-name: {name}}}}}\naddressType: IPv4\nports: [{{name: http, port: 8080, protocol: TCP}}]\nendpoints:\n{endpoints}"
+        r#"apiVersion: v1
+kind: Service
+metadata: {{name: {name}, namespace: ns}}
+spec:
+  clusterIP: {cluster_ip}{affinity}
+  ports: [{{name: http, port: 80, protocol: TCP}}]
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {{name: {name}-1, namespace: ns, labels: {{kubernetes.io/service-name: {name}}}}}
+addressType: IPv4
+ports: [{{name: http, port: 8080, protocol: TCP}}]
+endpoints:
+{endpoints}"#
     )
 }

@@ -311,7 +311,13 @@ impl Outcome {
 }
 
 fn service(name: &str, spec: &str) -> String {
-    format!("apiVersion: v1\nkind: Service\nmetadata: {{name: {name}, namespace: ns}}\nspec:\n{spec}")
+    format!(
+        r#"apiVersion: v1
+kind: Service
+metadata: {{name: {name}, namespace: ns}}
+spec:
+{spec}"#
+    )
 }
 
 fn slice(name: &str, service: &str, body: &str) -> String {

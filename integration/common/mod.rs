@@ -311,7 +311,13 @@ pub fn services_yaml(services: &[Svc<'_>]) -> String {
         let kind = if s.kind.is_empty() { "ClusterIP" } else { s.kind };
         let np = |offset: u16| s.node_port.map(|n| format!(", nodePort: {}", n + offset)).unwrap_or_default();
         out.push_str(&format!(
-            "apiVersion: v1\nkind: Service\nmetadata: {{name: {}, namespace: default}}\nspec:\n  type: {kind}\n  clusterIP: {}\n",
+            r#"apiVersion: v1
+kind: Service
+metadata: {{name: {}, namespace: default}}
+spec:
+  type: {kind}
+  clusterIP: {}
+"#,
             s.name, s.cluster_ip
         ));
         if s.external_local {
@@ -344,7 +350,19 @@ pub fn services_yaml(services: &[Svc<'_>]) -> String {
             out.push_str(&format!("status:\n  loadBalancer:\n    ingress: [{}]\n", ingress.join(", ")));
         }
         out.push_str(&format!(
-            "---\napiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata:\n  name: {}-abcde\n  namespace: default\n  labels: {{kubernetes.io/service-name: {}}}\naddressType: IPv4\nports:\n- {{name: http, port: 8080, protocol: TCP}}\n- {{name: dns, port: 8080, protocol: UDP}}\nendpoints:\n",
+            r#"---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata:
+  name: {}-abcde
+  namespace: default
+  labels: {{kubernetes.io/service-name: {}}}
+addressType: IPv4
+ports:
+- {{name: http, port: 8080, protocol: TCP}}
+- {{name: dns, port: 8080, protocol: UDP}}
+endpoints:
+"#,
             s.name, s.name
         ));
         if s.endpoints.is_empty() {
@@ -363,7 +381,14 @@ pub fn services_yaml(services: &[Svc<'_>]) -> String {
         out.push_str("---\n");
     }
     out.push_str(
-        "apiVersion: v1\nkind: Node\nmetadata:\n  name: node1\n  labels: {topology.kubernetes.io/zone: zone-a}\nstatus:\n  addresses: [{type: InternalIP, address: 192.168.50.2}]\n",
+        r#"apiVersion: v1
+kind: Node
+metadata:
+  name: node1
+  labels: {topology.kubernetes.io/zone: zone-a}
+status:
+  addresses: [{type: InternalIP, address: 192.168.50.2}]
+"#,
     );
     out
 }

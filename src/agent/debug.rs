@@ -305,7 +305,22 @@ mod tests {
         (index, syncer)
     }
 
-    const WEB: &str = "apiVersion: v1\nkind: Service\nmetadata: {name: web, namespace: default}\nspec:\n  type: NodePort\n  clusterIP: 10.96.0.10\n  ports: [{name: http, port: 80, protocol: TCP, targetPort: 8080, nodePort: 30080}]\n---\napiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata: {name: web-1, namespace: default, labels: {kubernetes.io/service-name: web}}\naddressType: IPv4\nports: [{name: http, port: 8080, protocol: TCP}]\nendpoints:\n- {addresses: [\"10.244.1.10\"], nodeName: node1, conditions: {ready: true}}\n";
+    const WEB: &str = r#"apiVersion: v1
+kind: Service
+metadata: {name: web, namespace: default}
+spec:
+  type: NodePort
+  clusterIP: 10.96.0.10
+  ports: [{name: http, port: 80, protocol: TCP, targetPort: 8080, nodePort: 30080}]
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {name: web-1, namespace: default, labels: {kubernetes.io/service-name: web}}
+addressType: IPv4
+ports: [{name: http, port: 8080, protocol: TCP}]
+endpoints:
+- {addresses: ["10.244.1.10"], nodeName: node1, conditions: {ready: true}}
+"#;
 
     #[test]
     fn the_document_describes_ports_problems_and_the_last_sync() {

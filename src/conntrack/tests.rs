@@ -129,7 +129,14 @@ fn nodeports() -> NodePortTargets {
 /// A state holding Service default/<name> with a UDP port `dns` on `cluster_ip`.
 fn state_with(name: &str, cluster_ip: &str) -> ClusterState {
     let yaml = format!(
-        "apiVersion: v1\nkind: Service\nmetadata: {{name: {name}, namespace: default}}\nspec:\n  clusterIP: {cluster_ip}\n  ports:\n  - {{name: dns, port: 53, protocol: UDP}}\n"
+        r#"apiVersion: v1
+kind: Service
+metadata: {{name: {name}, namespace: default}}
+spec:
+  clusterIP: {cluster_ip}
+  ports:
+  - {{name: dns, port: 53, protocol: UDP}}
+"#
     );
     let mut m = crate::source::manifests::Manifests::default();
     crate::source::manifests::load_text(std::path::Path::new("t.yaml"), &yaml, &mut m);

@@ -184,7 +184,21 @@ mod tests {
             .map(|(ip, node)| format!("- {{addresses: [\"{ip}\"], nodeName: {node}, conditions: {{ready: true}}}}\n"))
             .collect();
         format!(
-            "apiVersion: v1\nkind: Service\nmetadata: {{name: {name}, namespace: default}}\nspec:\n  clusterIP: {ip}\n{extra}  ports: [{{name: http, port: 80, protocol: TCP, targetPort: 8080}}]\n---\napiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata: {{name: {name}-1, namespace: default, labels: {{kubernetes.io/service-name: {name}}}}}\naddressType: IPv4\nports: [{{name: http, port: 8080, protocol: TCP}}]\nendpoints:\n{eps}---\n"
+            r#"apiVersion: v1
+kind: Service
+metadata: {{name: {name}, namespace: default}}
+spec:
+  clusterIP: {ip}
+{extra}  ports: [{{name: http, port: 80, protocol: TCP, targetPort: 8080}}]
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {{name: {name}-1, namespace: default, labels: {{kubernetes.io/service-name: {name}}}}}
+addressType: IPv4
+ports: [{{name: http, port: 8080, protocol: TCP}}]
+endpoints:
+{eps}---
+"#
         )
     }
 

@@ -136,7 +136,13 @@ impl FakeApi {
     /// A kubeconfig pointing at the server.
     pub fn kubeconfig(&self) -> String {
         format!(
-            "apiVersion: v1\nkind: Config\nclusters: [{{name: lab, cluster: {{server: \"http://{}\"}}}}]\nusers: [{{name: lab, user: {{token: test}}}}]\ncontexts: [{{name: lab, context: {{cluster: lab, user: lab, namespace: default}}}}]\ncurrent-context: lab\n",
+            r#"apiVersion: v1
+kind: Config
+clusters: [{{name: lab, cluster: {{server: "http://{}"}}}}]
+users: [{{name: lab, user: {{token: test}}}}]
+contexts: [{{name: lab, context: {{cluster: lab, user: lab, namespace: default}}}}]
+current-context: lab
+"#,
             self.addr
         )
     }

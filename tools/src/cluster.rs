@@ -146,7 +146,15 @@ pub fn changed_while_down(services: usize) -> ClusterState {
 pub fn write_yaml(size: Size, out: &mut impl std::io::Write) -> std::io::Result<()> {
     writeln!(
         out,
-        "apiVersion: v1\nkind: Node\nmetadata:\n  name: node1\n  labels: {{kubernetes.io/hostname: node1}}\nstatus:\n  addresses:\n  - {{type: InternalIP, address: 192.168.0.2}}\n  - {{type: Hostname, address: node1}}"
+        r#"apiVersion: v1
+kind: Node
+metadata:
+  name: node1
+  labels: {{kubernetes.io/hostname: node1}}
+status:
+  addresses:
+  - {{type: InternalIP, address: 192.168.0.2}}
+  - {{type: Hostname, address: node1}}"#
     )?;
     for i in 0..size.services {
         write_service_yaml(i, out)?;
@@ -259,7 +267,15 @@ pub fn write_list_yaml(size: Size, out: &mut impl std::io::Write) -> std::io::Re
     };
     writeln!(
         item,
-        "apiVersion: v1\nkind: Node\nmetadata:\n  name: node1\n  labels: {{kubernetes.io/hostname: node1}}\nstatus:\n  addresses:\n  - {{type: InternalIP, address: 192.168.0.2}}\n  - {{type: Hostname, address: node1}}"
+        r#"apiVersion: v1
+kind: Node
+metadata:
+  name: node1
+  labels: {{kubernetes.io/hostname: node1}}
+status:
+  addresses:
+  - {{type: InternalIP, address: 192.168.0.2}}
+  - {{type: Hostname, address: node1}}"#
     )?;
     emit(&mut item, out)?;
     for i in 0..size.services {

@@ -30,7 +30,16 @@ pub const API_PORT: u16 = 6443;
 
 /// kube-proxy's identity as kubeadm makes it: its ServiceAccount bound to upstream's own
 /// ClusterRole `system:node-proxier` (the image swap keeps it).
-pub const KUBE_PROXY_IDENTITY: &str = "apiVersion: v1\nkind: ServiceAccount\nmetadata: {name: kube-proxy, namespace: kube-system}\n---\napiVersion: rbac.authorization.k8s.io/v1\nkind: ClusterRoleBinding\nmetadata: {name: kubeadm:node-proxier}\nroleRef: {apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, name: system:node-proxier}\nsubjects: [{kind: ServiceAccount, name: kube-proxy, namespace: kube-system}]\n";
+pub const KUBE_PROXY_IDENTITY: &str = r#"apiVersion: v1
+kind: ServiceAccount
+metadata: {name: kube-proxy, namespace: kube-system}
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRoleBinding
+metadata: {name: kubeadm:node-proxier}
+roleRef: {apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, name: system:node-proxier}
+subjects: [{kind: ServiceAccount, name: kube-proxy, namespace: kube-system}]
+"#;
 
 /// Errors running the control plane.
 #[derive(Debug, Error)]
@@ -433,7 +442,22 @@ impl ControlPlane {
     /// A kubeconfig for the API server with a bearer token.
     pub fn kubeconfig(&self, token: &str) -> String {
         format!(
-            "apiVersion: v1\nkind: Config\nclusters:\n- name: lab\n  cluster:\n    server: {}\n    certificate-authority: {}\nusers:\n- name: lab\n  user:\n    token: {token}\ncontexts:\n- name: lab\n  context: {{cluster: lab, user: lab, namespace: default}}\ncurrent-context: lab\n",
+            r#"apiVersion: v1
+kind: Config
+clusters:
+- name: lab
+  cluster:
+    server: {}
+    certificate-authority: {}
+users:
+- name: lab
+  user:
+    token: {token}
+contexts:
+- name: lab
+  context: {{cluster: lab, user: lab, namespace: default}}
+current-context: lab
+"#,
             self.url(),
             self.ca_file().display()
         )
@@ -523,7 +547,12 @@ impl ControlPlane {
             ips.iter().map(|ip| serde_json::json!({"type": "InternalIP", "address": ip.to_string()})).collect();
         addresses.push(serde_json::json!({"type": "Hostname", "address": name}));
         self.apply(&format!(
-            "apiVersion: v1\nkind: Node\nmetadata:\n  name: {name}\n  labels: {{kubernetes.io/hostname: {name}, topology.kubernetes.io/zone: {zone}}}\n"
+            r#"apiVersion: v1
+kind: Node
+metadata:
+  name: {name}
+  labels: {{kubernetes.io/hostname: {name}, topology.kubernetes.io/zone: {zone}}}
+"#
         ))?;
         self.patch_status(
             "node",
@@ -547,7 +576,22 @@ impl ControlPlane {
         ready: bool,
     ) -> Result<(), ControlPlaneError> {
         self.apply(&format!(
-            "apiVersion: v1\nkind: Pod\nmetadata:\n  name: {name}\n  namespace: default\n  labels: {{{labels}}}\nspec:\n  nodeName: {node}\n  automountServiceAccountToken: false\n  terminationGracePeriodSeconds: 30\n  containers:\n  - name: echo\n    image: registry.example/echo:1\n    ports:\n    - {{containerPort: 8080, name: http}}\n"
+            r#"apiVersion: v1
+kind: Pod
+metadata:
+  name: {name}
+  namespace: default
+  labels: {{{labels}}}
+spec:
+  nodeName: {node}
+  automountServiceAccountToken: false
+  terminationGracePeriodSeconds: 30
+  containers:
+  - name: echo
+    image: registry.example/echo:1
+    ports:
+    - {{containerPort: 8080, name: http}}
+"#
         ))?;
         self.set_pod_ready(name, ip, ready)
     }

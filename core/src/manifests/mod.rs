@@ -721,7 +721,16 @@ spec:
     fn lists_are_read_item_by_item_in_any_indentation_and_json() {
         let item = |ip: &str, name: &str| {
             format!(
-                "apiVersion: v1\nkind: Service\nmetadata:\n  name: {name}\n  namespace: ns\nspec:\n  clusterIP: {ip}\n  ports:\n  - port: 80\n"
+                r#"apiVersion: v1
+kind: Service
+metadata:
+  name: {name}
+  namespace: ns
+spec:
+  clusterIP: {ip}
+  ports:
+  - port: 80
+"#
             )
         };
         let indented = |text: &str, by: usize| -> String {
@@ -737,7 +746,12 @@ spec:
         // kubectl's layout (items at column 0, `kind: List` after them), and items indented.
         for by in [0, 2, 4] {
             let text = format!(
-                "apiVersion: v1\nitems:\n{}{}kind: List\nmetadata:\n  resourceVersion: \"\"\n",
+                r#"apiVersion: v1
+items:
+{}{}kind: List
+metadata:
+  resourceVersion: ""
+"#,
                 indented(&item("10.96.0.1", "a"), by),
                 indented(&item("10.96.0.2", "b"), by)
             );
@@ -760,7 +774,21 @@ spec:
     #[test]
     fn a_broken_list_item_loses_only_itself() {
         let m = load_str(
-            "apiVersion: v1\nkind: List\nitems:\n- apiVersion: v1\n  kind: Service\n  metadata: {name: a, namespace: ns}\n  spec: {clusterIP: 10.96.0.1, ports: [{port: 80}]}\n- apiVersion: v1\n  kind: Service\n  metadata: {name: [unclosed\n- apiVersion: v1\n  kind: Service\n  metadata: {name: c, namespace: ns}\n  spec: {clusterIP: 10.96.0.3, ports: [{port: 80}]}\n",
+            r#"apiVersion: v1
+kind: List
+items:
+- apiVersion: v1
+  kind: Service
+  metadata: {name: a, namespace: ns}
+  spec: {clusterIP: 10.96.0.1, ports: [{port: 80}]}
+- apiVersion: v1
+  kind: Service
+  metadata: {name: [unclosed
+- apiVersion: v1
+  kind: Service
+  metadata: {name: c, namespace: ns}
+  spec: {clusterIP: 10.96.0.3, ports: [{port: 80}]}
+"#,
         );
         let names: Vec<String> = m.services.iter().map(|s| s.name.to_string()).collect();
         assert_eq!(names, vec!["ns/a", "ns/c"]);
@@ -804,7 +832,17 @@ spec: {clusterIP: 10.96.0.2, ports: [{port: 81}]}
     #[test]
     fn a_yaml_syntax_error_loses_only_its_document() {
         let m = load_str(
-            "apiVersion: v1\nkind: Service\nmetadata: {name: a, namespace: ns}\nspec: {clusterIP: 10.96.0.1, ports: [{port: 80}]}\n---\nkind: [unclosed\n---\napiVersion: v1\nkind: Node\nmetadata: {name: n}\n",
+            r#"apiVersion: v1
+kind: Service
+metadata: {name: a, namespace: ns}
+spec: {clusterIP: 10.96.0.1, ports: [{port: 80}]}
+---
+kind: [unclosed
+---
+apiVersion: v1
+kind: Node
+metadata: {name: n}
+"#,
         );
         assert_eq!(m.services.len(), 1);
         assert_eq!(m.nodes.len(), 1, "{:#?}", m.problems);

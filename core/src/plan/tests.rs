@@ -109,7 +109,12 @@ fn masquerade_all_marks_every_clusterip_packet() {
 #[test]
 fn service_cidrs_drop_unallocated_cluster_ips_after_the_reject() {
     let with = format!(
-        "{CLUSTERIP}---\napiVersion: networking.k8s.io/v1\nkind: ServiceCIDR\nmetadata: {{name: kubernetes}}\nspec: {{cidrs: [172.30.0.0/16]}}\n"
+        r#"{CLUSTERIP}---
+apiVersion: networking.k8s.io/v1
+kind: ServiceCIDR
+metadata: {{name: kubernetes}}
+spec: {{cidrs: [172.30.0.0/16]}}
+"#
     );
     let before = plan_with(&config(), &state(CLUSTERIP));
     let after = plan_with(&config(), &state(&with));
@@ -132,7 +137,18 @@ fn service_cidrs_drop_unallocated_cluster_ips_after_the_reject() {
 fn big_service(n: u32) -> String {
     let endpoints: String = (0..n).map(|i| format!("- {{addresses: [\"10.181.0.{}\"]}}\n", i + 1)).collect();
     format!(
-        "apiVersion: v1\nkind: Service\nmetadata: {{name: big, namespace: ns}}\nspec: {{clusterIP: 172.30.1.1, ports: [{{name: http, port: 80}}]}}\n---\napiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata: {{name: big-1, namespace: ns, labels: {{kubernetes.io/service-name: big}}}}\naddressType: IPv4\nports: [{{name: http, port: 8080}}]\nendpoints:\n{endpoints}"
+        r#"apiVersion: v1
+kind: Service
+metadata: {{name: big, namespace: ns}}
+spec: {{clusterIP: 172.30.1.1, ports: [{{name: http, port: 80}}]}}
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {{name: big-1, namespace: ns, labels: {{kubernetes.io/service-name: big}}}}
+addressType: IPv4
+ports: [{{name: http, port: 8080}}]
+endpoints:
+{endpoints}"#
     )
 }
 

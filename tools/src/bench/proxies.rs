@@ -79,7 +79,15 @@ impl fmt::Display for Proxy {
 /// node's loopback, conntrack sysctls left alone (they are global to the machine).
 pub fn config_file(mode: &str, kubeconfig: &Path, cluster_cidr: &str) -> String {
     format!(
-        "apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\nmode: {mode}\nclientConnection: {{kubeconfig: {}}}\nhostnameOverride: node1\nclusterCIDR: {cluster_cidr}\nmetricsBindAddress: {METRICS_ADDRESS}\nconntrack: {{maxPerCore: 0, tcpEstablishedTimeout: 0s, tcpCloseWaitTimeout: 0s}}\n",
+        r#"apiVersion: kubeproxy.config.k8s.io/v1alpha1
+kind: KubeProxyConfiguration
+mode: {mode}
+clientConnection: {{kubeconfig: {}}}
+hostnameOverride: node1
+clusterCIDR: {cluster_cidr}
+metricsBindAddress: {METRICS_ADDRESS}
+conntrack: {{maxPerCore: 0, tcpEstablishedTimeout: 0s, tcpCloseWaitTimeout: 0s}}
+"#,
         kubeconfig.display()
     )
 }

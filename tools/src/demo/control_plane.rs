@@ -29,7 +29,13 @@ const POD_LABEL: (&str, &str) = ("app", "web");
 
 /// An EndpointSlice the API server accepts and nftproxy cannot use: it names no Service (no
 /// `kubernetes.io/service-name` label).
-const ORPHAN: &str = "apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata: {name: orphan, namespace: default}\naddressType: IPv4\nports: [{name: http, port: 8080, protocol: TCP}]\nendpoints: [{addresses: [10.244.1.10]}]\n";
+const ORPHAN: &str = r#"apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {name: orphan, namespace: default}
+addressType: IPv4
+ports: [{name: http, port: 8080, protocol: TCP}]
+endpoints: [{addresses: [10.244.1.10]}]
+"#;
 
 /// What the demo applies of `examples/cluster.yaml`.
 #[derive(Debug, PartialEq)]

@@ -171,7 +171,24 @@ impl Cluster {
         }
         for pod in &PODS {
             cp.apply(&format!(
-                "apiVersion: v1\nkind: Pod\nmetadata:\n  name: {}\n  namespace: default\n  labels: {{{}}}\nspec:\n  nodeName: {}\n  automountServiceAccountToken: false\n  containers:\n  - name: echo\n    image: registry.example/echo:1\n    ports:\n    - {{containerPort: 8080, name: http, protocol: TCP}}\n    - {{containerPort: 9090, name: alt, protocol: TCP}}\n    - {{containerPort: 8080, name: dns, protocol: UDP}}\n    - {{containerPort: 9090, name: altu, protocol: UDP}}\n",
+                r#"apiVersion: v1
+kind: Pod
+metadata:
+  name: {}
+  namespace: default
+  labels: {{{}}}
+spec:
+  nodeName: {}
+  automountServiceAccountToken: false
+  containers:
+  - name: echo
+    image: registry.example/echo:1
+    ports:
+    - {{containerPort: 8080, name: http, protocol: TCP}}
+    - {{containerPort: 9090, name: alt, protocol: TCP}}
+    - {{containerPort: 8080, name: dns, protocol: UDP}}
+    - {{containerPort: 9090, name: altu, protocol: UDP}}
+"#,
                 pod.name, pod.labels, pod.node
             ))?;
             cp.set_pod_ready(pod.name, pod.ip, pod.ready)?;
@@ -187,7 +204,17 @@ impl Cluster {
         std::fs::write(
             &config,
             format!(
-                "apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\nmode: nftables\nclientConnection: {{kubeconfig: {}}}\nhostnameOverride: node1\nclusterCIDR: {}\nhealthzBindAddress: 0.0.0.0:10256\nmetricsBindAddress: 127.0.0.1:10249\nnftables: {{minSyncPeriod: 100ms}}\nconntrack: {{maxPerCore: 0, tcpEstablishedTimeout: 0s, tcpCloseWaitTimeout: 0s}}\n",
+                r#"apiVersion: kubeproxy.config.k8s.io/v1alpha1
+kind: KubeProxyConfiguration
+mode: nftables
+clientConnection: {{kubeconfig: {}}}
+hostnameOverride: node1
+clusterCIDR: {}
+healthzBindAddress: 0.0.0.0:10256
+metricsBindAddress: 127.0.0.1:10249
+nftables: {{minSyncPeriod: 100ms}}
+conntrack: {{maxPerCore: 0, tcpEstablishedTimeout: 0s, tcpCloseWaitTimeout: 0s}}
+"#,
                 kubeconfig.display(),
                 topology::CLUSTER_CIDR_V4
             ),
@@ -282,7 +309,28 @@ impl Cluster {
         let n = self.markers.fetch_add(1, Ordering::Relaxed);
         let marker_ip = Ipv4Addr::new(10, 96, 255, (n % 250) as u8 + 1);
         let marker = format!(
-            "---\napiVersion: v1\nkind: Service\nmetadata:\n  name: zz-marker-{n}\n  namespace: default\n  labels: {{{LABEL}: \"true\"}}\nspec:\n  clusterIP: {marker_ip}\n  ports: [{{name: http, port: 80, protocol: TCP, targetPort: 8080}}]\n---\napiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata:\n  name: zz-marker-{n}\n  namespace: default\n  labels: {{{LABEL}: \"true\", kubernetes.io/service-name: zz-marker-{n}, endpointslice.kubernetes.io/managed-by: nftproxy-random}}\naddressType: IPv4\nports: [{{name: http, port: 8080, protocol: TCP}}]\nendpoints:\n- {{addresses: [\"{}\"], nodeName: node1, conditions: {{ready: true}}}}\n",
+            r#"---
+apiVersion: v1
+kind: Service
+metadata:
+  name: zz-marker-{n}
+  namespace: default
+  labels: {{{LABEL}: "true"}}
+spec:
+  clusterIP: {marker_ip}
+  ports: [{{name: http, port: 80, protocol: TCP, targetPort: 8080}}]
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata:
+  name: zz-marker-{n}
+  namespace: default
+  labels: {{{LABEL}: "true", kubernetes.io/service-name: zz-marker-{n}, endpointslice.kubernetes.io/managed-by: nftproxy-random}}
+addressType: IPv4
+ports: [{{name: http, port: 8080, protocol: TCP}}]
+endpoints:
+- {{addresses: ["{}"], nodeName: node1, conditions: {{ready: true}}}}
+"#,
             PODS[1].ip
         );
         // The marker goes last; in the same request unless load-balancer status or the
