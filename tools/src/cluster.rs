@@ -51,17 +51,15 @@ pub fn service(i: usize) -> ServiceInfo {
     ServiceInfo {
         name: name.clone(),
         ports: vec![ServicePort {
-            name: ServicePortName { service: name, port: "p".into(), protocol },
-            cluster_ips: vec![IpAddr::V4(cluster_ip(i))],
-            port,
             node_port: node_port.or(lb.map(|_| 30000 + 2700 + (i / 20 % 60) as u16)),
-            external_ips: Vec::new(),
             load_balancer_ips: lb.into_iter().collect(),
-            load_balancer_source_ranges: Vec::new(),
             external_policy_local: i.is_multiple_of(20),
-            internal_policy_local: false,
             session_affinity_secs: (i % 25 == 3).then_some(10800),
-            health_check_node_port: None,
+            ..ServicePort::new(
+                ServicePortName { service: name, port: "p".into(), protocol },
+                vec![IpAddr::V4(cluster_ip(i))],
+                port,
+            )
         }],
     }
 }
@@ -77,14 +75,8 @@ pub fn slice(i: usize, endpoints: usize, generation: usize) -> EndpointSliceInfo
         ports: vec![(sp.name.port.clone(), sp.name.protocol, 8080)],
         endpoints: (0..endpoints)
             .map(|j| SliceEndpoint {
-                ip: IpAddr::V4(endpoint_ip(i, j, generation)),
-                ready: true,
-                serving: true,
-                terminating: false,
                 node_name: Some(format!("node{}", j % 20 + 1)),
-                zone: None,
-                zone_hints: Default::default(),
-                node_hints: Default::default(),
+                ..SliceEndpoint::ready(IpAddr::V4(endpoint_ip(i, j, generation)))
             })
             .collect(),
         trigger_time: None,

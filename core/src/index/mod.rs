@@ -240,19 +240,11 @@ mod tests {
         let name = NamespacedName::new("ns", name);
         ServiceInfo {
             name: name.clone(),
-            ports: vec![ServicePort {
-                name: ServicePortName { service: name, port: "http".into(), protocol: L4Proto::Tcp },
-                cluster_ips: vec![ip.parse().unwrap()],
-                port: 80,
-                node_port: None,
-                external_ips: vec![],
-                load_balancer_ips: vec![],
-                load_balancer_source_ranges: vec![],
-                external_policy_local: false,
-                internal_policy_local: false,
-                session_affinity_secs: None,
-                health_check_node_port: None,
-            }],
+            ports: vec![ServicePort::new(
+                ServicePortName { service: name, port: "http".into(), protocol: L4Proto::Tcp },
+                vec![ip.parse().unwrap()],
+                80,
+            )],
         }
     }
 
@@ -262,16 +254,7 @@ mod tests {
             service: NamespacedName::new("ns", service),
             family: IpFamily::V4,
             ports: vec![("http".into(), L4Proto::Tcp, 8080)],
-            endpoints: vec![SliceEndpoint {
-                ip: ip.parse().unwrap(),
-                ready: true,
-                serving: true,
-                terminating: false,
-                node_name: None,
-                zone: None,
-                zone_hints: Default::default(),
-                node_hints: Default::default(),
-            }],
+            endpoints: vec![SliceEndpoint::ready(ip.parse().unwrap())],
             trigger_time: Some("2026-01-02T03:04:05Z".into()),
         }
     }

@@ -74,6 +74,26 @@ pub struct ServicePort {
 }
 
 impl ServicePort {
+    /// A plain ClusterIP port `name` on `cluster_ips`, port `port`: no NodePort, external or
+    /// load-balancer addresses, source ranges, session affinity or health check, both traffic
+    /// policies `Cluster`. Tests and the tools' synthetic clusters start from it and set what
+    /// they need (`ServicePort { node_port: Some(30080), ..ServicePort::new(…) }`).
+    pub fn new(name: ServicePortName, cluster_ips: Vec<IpAddr>, port: u16) -> ServicePort {
+        ServicePort {
+            name,
+            cluster_ips,
+            port,
+            node_port: None,
+            external_ips: Vec::new(),
+            load_balancer_ips: Vec::new(),
+            load_balancer_source_ranges: Vec::new(),
+            external_policy_local: false,
+            internal_policy_local: false,
+            session_affinity_secs: None,
+            health_check_node_port: None,
+        }
+    }
+
     /// The ClusterIP of a family, if the Service has one.
     pub fn cluster_ip(&self, family: IpFamily) -> Option<IpAddr> {
         self.cluster_ips.iter().copied().find(|ip| IpFamily::of(ip) == family)
@@ -179,6 +199,24 @@ pub struct SliceEndpoint {
     pub zone: Option<String>,
     pub zone_hints: Hints,
     pub node_hints: Hints,
+}
+
+impl SliceEndpoint {
+    /// A ready, serving endpoint at `ip`, not terminating, on no named node, without zone or
+    /// hints. Tests and the tools' synthetic clusters start from it
+    /// (`SliceEndpoint { node_name: Some(…), ..SliceEndpoint::ready(ip) }`).
+    pub fn ready(ip: IpAddr) -> SliceEndpoint {
+        SliceEndpoint {
+            ip,
+            ready: true,
+            serving: true,
+            terminating: false,
+            node_name: None,
+            zone: None,
+            zone_hints: Hints::default(),
+            node_hints: Hints::default(),
+        }
+    }
 }
 
 /// This node, as its Node object describes it.
@@ -618,16 +656,7 @@ mod tests {
             ports: vec![("http".into(), L4Proto::Tcp, 8080)],
             endpoints: ips
                 .iter()
-                .map(|ip| SliceEndpoint {
-                    ip: ip.parse().unwrap(),
-                    ready,
-                    serving: ready,
-                    terminating: false,
-                    node_name: None,
-                    zone: None,
-                    zone_hints: Hints::default(),
-                    node_hints: Hints::default(),
-                })
+                .map(|ip| SliceEndpoint { ready, serving: ready, ..SliceEndpoint::ready(ip.parse().unwrap()) })
                 .collect(),
             trigger_time: None,
         }

@@ -115,23 +115,11 @@ mod tests {
     }
 
     fn port() -> ServicePort {
-        ServicePort {
-            name: ServicePortName {
-                service: NamespacedName::new("ns", "svc"),
-                port: "p".into(),
-                protocol: L4Proto::Tcp,
-            },
-            cluster_ips: vec!["10.96.0.1".parse().unwrap()],
-            port: 80,
-            node_port: None,
-            external_ips: vec![],
-            load_balancer_ips: vec![],
-            load_balancer_source_ranges: vec![],
-            external_policy_local: false,
-            internal_policy_local: false,
-            session_affinity_secs: None,
-            health_check_node_port: None,
-        }
+        ServicePort::new(
+            ServicePortName { service: NamespacedName::new("ns", "svc"), port: "p".into(), protocol: L4Proto::Tcp },
+            vec!["10.96.0.1".parse().unwrap()],
+            80,
+        )
     }
 
     const NODE: NodeView<'static> = NodeView { name: "node1", zone: Some("zone-a") };

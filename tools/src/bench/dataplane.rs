@@ -188,35 +188,14 @@ pub fn cluster_with_target(size: Size, pod: Ipv4Addr) -> (ClusterState, Namespac
     let port_name = ServicePortName { service: name.clone(), port: "http".into(), protocol: L4Proto::Tcp };
     state.upsert_service(ServiceInfo {
         name: name.clone(),
-        ports: vec![ServicePort {
-            name: port_name,
-            cluster_ips: vec![IpAddr::V4(TARGET_CLUSTER_IP)],
-            port: TARGET_PORT,
-            node_port: None,
-            external_ips: Vec::new(),
-            load_balancer_ips: Vec::new(),
-            load_balancer_source_ranges: Vec::new(),
-            external_policy_local: false,
-            internal_policy_local: false,
-            session_affinity_secs: None,
-            health_check_node_port: None,
-        }],
+        ports: vec![ServicePort::new(port_name, vec![IpAddr::V4(TARGET_CLUSTER_IP)], TARGET_PORT)],
     });
     state.upsert_slice(EndpointSliceInfo {
         name: NamespacedName::new("bench", "target-abcde"),
         service: name.clone(),
         family: IpFamily::V4,
         ports: vec![("http".into(), L4Proto::Tcp, POD_PORT)],
-        endpoints: vec![SliceEndpoint {
-            ip: IpAddr::V4(pod),
-            ready: true,
-            serving: true,
-            terminating: false,
-            node_name: Some(NODE.into()),
-            zone: None,
-            zone_hints: Default::default(),
-            node_hints: Default::default(),
-        }],
+        endpoints: vec![SliceEndpoint { node_name: Some(NODE.into()), ..SliceEndpoint::ready(IpAddr::V4(pod)) }],
         trigger_time: None,
     });
     (state, name, SocketAddrV4::new(TARGET_CLUSTER_IP, TARGET_PORT))
