@@ -132,22 +132,22 @@ pub fn changed_while_down(services: usize) -> ClusterState {
     s
 }
 
+/// The node the synthetic cluster runs on, as YAML.
+const NODE1_YAML: &str = r#"apiVersion: v1
+kind: Node
+metadata:
+  name: node1
+  labels: {kubernetes.io/hostname: node1}
+status:
+  addresses:
+  - {type: InternalIP, address: 192.168.0.2}
+  - {type: Hostname, address: node1}"#;
+
 /// The cluster of [`state`] as `kubectl get svc,endpointslices,nodes -A -o yaml` would print
 /// it (one multi-document stream, with the metadata the API server adds), written to `out`: the
 /// input of `nftproxy run --manifests` and `render` at scale, and of the test API server.
 pub fn write_yaml(size: Size, out: &mut impl std::io::Write) -> std::io::Result<()> {
-    writeln!(
-        out,
-        r#"apiVersion: v1
-kind: Node
-metadata:
-  name: node1
-  labels: {{kubernetes.io/hostname: node1}}
-status:
-  addresses:
-  - {{type: InternalIP, address: 192.168.0.2}}
-  - {{type: Hostname, address: node1}}"#
-    )?;
+    writeln!(out, "{NODE1_YAML}")?;
     for i in 0..size.services {
         write_service_yaml(i, out)?;
         write_slice_yaml(&slice(i, size.endpoints, 0), i, out)?;
@@ -257,18 +257,7 @@ pub fn write_list_yaml(size: Size, out: &mut impl std::io::Write) -> std::io::Re
         item.clear();
         Ok(())
     };
-    writeln!(
-        item,
-        r#"apiVersion: v1
-kind: Node
-metadata:
-  name: node1
-  labels: {{kubernetes.io/hostname: node1}}
-status:
-  addresses:
-  - {{type: InternalIP, address: 192.168.0.2}}
-  - {{type: Hostname, address: node1}}"#
-    )?;
+    writeln!(item, "{NODE1_YAML}")?;
     emit(&mut item, out)?;
     for i in 0..size.services {
         write_service_yaml(i, &mut item)?;
