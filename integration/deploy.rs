@@ -89,10 +89,14 @@ fn the_daemonset_replaces_kube_proxy_with_least_privilege() {
     let args = c.args.clone().unwrap();
     assert_eq!(args[0], "run");
     assert!(args.contains(&"--config=/etc/nftproxy/config.yaml".to_string()));
-    // Above the 271 MiB peak measured at 44,000 services (docs/performance.md), with room.
-    let memory = c.resources.clone().unwrap().limits.unwrap()["memory"].0.clone();
-    let mib: u64 = memory.trim_end_matches("Mi").parse().expect("a limit in Mi");
-    assert!(mib >= 400, "memory limit {memory}");
+    // What the latest sizing table derives (bench::sizing::resources), request and limit.
+    let (file, derived) = sizing();
+    let resources = c.resources.clone().unwrap();
+    let memory = |q: Option<
+        std::collections::BTreeMap<String, k8s_openapi::apimachinery::pkg::api::resource::Quantity>,
+    >| { q.unwrap()["memory"].0.clone() };
+    assert_eq!(memory(resources.requests.clone()), format!("{}Mi", derived.request_mib), "the request of {file}");
+    assert_eq!(memory(resources.limits.clone()), format!("{}Mi", derived.limit_mib), "the limit of {file}");
     let mounts = |c: &k8s_openapi::api::core::v1::Container| -> Vec<(String, String)> {
         c.volume_mounts.clone().unwrap().into_iter().map(|m| (m.name, m.mount_path)).collect()
     };
@@ -114,6 +118,36 @@ fn the_daemonset_replaces_kube_proxy_with_least_privilege() {
     let mut argv = vec!["nftproxy".to_string()];
     argv.extend(init_args);
     nftproxy::cli::Cli::command().try_get_matches_from(argv).expect("conntrack-sysctls arguments parse");
+}
+
+/// The latest results file with a sizing table, and the memory request and limit it derives.
+fn sizing() -> (String, nftproxy_tools::bench::sizing::Resources) {
+    use nftproxy_tools::bench::sizing;
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/performance/results");
+    let mut files: Vec<std::path::PathBuf> = std::fs::read_dir(&dir).unwrap().map(|e| e.unwrap().path()).collect();
+    files.sort();
+    for file in files.iter().rev().filter(|f| f.extension().is_some_and(|e| e == "md")) {
+        let text = std::fs::read_to_string(file).unwrap();
+        if text.contains(sizing::TABLE_HEAD) {
+            let derived = sizing::resources(&sizing::peaks_in(&text)).expect("the table derives resources");
+            return (file.file_name().unwrap().to_string_lossy().into_owned(), derived);
+        }
+    }
+    panic!("no results file has a sizing table (nftproxy bench --sizing …)");
+}
+
+/// docs/install.md's sizing section gives the DaemonSet's memory request and limit as the
+/// latest sizing table derives them, and names that table.
+#[test]
+fn the_sizing_docs_quote_the_latest_table() {
+    let (file, derived) = sizing();
+    let install = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/install.md")).unwrap();
+    let section = &install[install.find("### Sizing").unwrap()..];
+    let section = &section[..section[4..].find("\n### ").map_or(section.len(), |e| e + 4)];
+    assert!(section.contains(&file), "install.md's sizing names {file}:\n{section}");
+    for figure in [format!("{}Mi", derived.request_mib), format!("{}Mi", derived.limit_mib)] {
+        assert!(section.contains(&figure), "install.md's sizing gives {figure}:\n{section}");
+    }
 }
 
 #[test]
