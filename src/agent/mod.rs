@@ -483,7 +483,7 @@ pub(crate) fn run(settings: RunSettings) -> Result<(), RunError> {
         (Some(_), None) => metrics_handler = debug::with_route(metrics_handler, debug_requests.clone()),
         (None, _) => info!(
             metrics = ?settings.metrics,
-            "/debug/services is not served: the metrics address is not a loopback address \
+            "/debug/services is not served: the metrics address is not a loopback address, or is off \
              (--debug-bind-address=127.0.0.1:PORT serves it)"
         ),
         _ => {}
