@@ -4,12 +4,12 @@
 //! compares equal: NAT flags and max registers the kernel derives from the min registers are
 //! dropped, absent optional attributes read as their defaults.
 
-use std::collections::HashMap;
 use std::sync::Arc;
 
 use indexmap::IndexMap;
 use nftnl_sys as sys;
 
+use super::elements::{DumpedElement, each_dumped_element};
 use super::error::NetlinkError;
 use super::socket::{NLM_F_ACK, NLM_F_DUMP, Socket};
 use super::sys::{self as raw, Body, ExprRef, msg};
@@ -208,7 +208,26 @@ fn read_sets(sock: &mut Socket, fam: u16, wire: &mut WireTable) -> Result<(), Ne
 }
 
 /// Dumps the elements of one set (`fam` as the netlink header carries it), calling `each` on
-/// every one.
+/// every one, read straight from the messages.
+fn dump_dumped_elements(
+    sock: &mut Socket,
+    fam: u16,
+    table: &str,
+    set: &str,
+    mut each: impl FnMut(DumpedElement<'_>),
+) -> Result<(), NetlinkError> {
+    let mut filter = raw::Set::new()?;
+    filter.set_str(a(sys::NFTNL_SET_TABLE), table)?;
+    filter.set_str(a(sys::NFTNL_SET_NAME), set)?;
+    filter.set_u32(a(sys::NFTNL_SET_FAMILY), u32::from(fam));
+    sock.query(msg::GETSETELEM, fam, NLM_F_DUMP, Body::SetElements(&filter), |msg| {
+        each_dumped_element(msg.bytes(), &mut each);
+        Ok(())
+    })
+}
+
+/// Dumps the elements of one set (`fam` as the netlink header carries it), calling `each` on
+/// every one as libnftnl parses it (with its expressions: the counters).
 pub(super) fn dump_elements(
     sock: &mut Socket,
     fam: u16,
@@ -237,11 +256,7 @@ pub(super) fn read_keys(
 ) -> Result<Vec<WireKey>, NetlinkError> {
     let fam = u16::try_from(nfproto(family)).unwrap_or(2);
     let mut out = Vec::new();
-    let dumped = dump_elements(sock, fam, table, set, |e| {
-        if let Some(key) = e.data(a(sys::NFTNL_SET_ELEM_KEY)) {
-            out.push(WireKey::new(&key));
-        }
-    });
+    let dumped = dump_dumped_elements(sock, fam, table, set, |e| out.push(WireKey::new(e.key)));
     absent_is_empty(dumped)?;
     Ok(out)
 }
@@ -255,38 +270,38 @@ pub(super) fn absent_is_empty(dumped: Result<(), NetlinkError>) -> Result<(), Ne
 }
 
 fn read_elements(sock: &mut Socket, fam: u16, table: &str, set: &mut WireSet) -> Result<(), NetlinkError> {
-    let mut comments: HashMap<Vec<u8>, (Arc<[u8]>, Owner)> = HashMap::new();
+    let mut comments: foldhash::HashMap<Vec<u8>, (Arc<[u8]>, Owner)> = foldhash::HashMap::default();
+    // The comment of the element before: a service port's elements are mostly adjacent.
+    let mut last: Option<(Arc<[u8]>, Owner)> = None;
     // Collected in the kernel's dump order, then sorted in place: the vector is the set's
     // elements (no second copy, which at a cluster's hundreds of thousands of elements is tens
     // of MB).
     let mut elements: Vec<(WireKey, WireElement)> = Vec::new();
-    dump_elements(sock, fam, table, &set.name, |e| {
-        let Some(key) = e.data(a(sys::NFTNL_SET_ELEM_KEY)) else { return };
-        let interval_end = e.u32(a(sys::NFTNL_SET_ELEM_FLAGS)).unwrap_or(0) & ELEM_INTERVAL_END != 0;
-        let data = if let Some(code) = e.u32(a(sys::NFTNL_SET_ELEM_VERDICT)) {
-            WireData::Verdict { code: code as i32, chain: e.str(a(sys::NFTNL_SET_ELEM_CHAIN)) }
-        } else if let Some(d) = e.data(a(sys::NFTNL_SET_ELEM_DATA)) {
-            WireData::Bytes(d.into())
-        } else {
-            WireData::None
+    dump_dumped_elements(sock, fam, table, &set.name, |e| {
+        let interval_end = e.flags & ELEM_INTERVAL_END != 0;
+        let data = match (e.verdict, e.data) {
+            (Some((code, chain)), _) => WireData::Verdict { code, chain: chain.map(str::to_string) },
+            (None, Some(d)) => WireData::Bytes(d.into()),
+            (None, None) => WireData::None,
         };
         // Our element comments name the service port that owns the element; elements of
         // one service port share one copy of both.
-        let (userdata, owner) = match e.data(a(sys::NFTNL_SET_ELEM_USERDATA)) {
+        let (userdata, owner) = match e.userdata {
             Some(u) => {
-                let (blob, owner) = comments
-                    .entry(u)
-                    .or_insert_with_key(|u| {
-                        let owner = udata::find_comment(u, udata::COMMENT)
-                            .map_or_else(Owner::infrastructure, |c| Owner::from_comment(&c));
-                        (Arc::from(u.as_slice()), owner)
-                    })
-                    .clone();
+                let known = last.as_ref().filter(|(blob, _)| **blob == *u).or_else(|| comments.get(u)).cloned();
+                let (blob, owner) = known.unwrap_or_else(|| {
+                    let owner = udata::find_comment(u, udata::COMMENT)
+                        .map_or_else(Owner::infrastructure, |c| Owner::from_comment(&c));
+                    let found = (Arc::<[u8]>::from(u), owner);
+                    comments.insert(u.to_vec(), found.clone());
+                    found
+                });
+                last = Some((blob.clone(), owner.clone()));
                 (Some(blob), owner)
             }
             None => (None, Owner::infrastructure()),
         };
-        let key = WireKey { bytes: key.into(), interval_end };
+        let key = WireKey { bytes: e.key.into(), interval_end };
         elements.push((key, WireElement { data, userdata, owner }));
     })?;
     set.elements = SetElements::from_vec(elements);

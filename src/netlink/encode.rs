@@ -9,6 +9,7 @@ use std::collections::HashMap;
 use nftnl::{Batch, FinalizedBatch, MsgType};
 use nftnl_sys as sys;
 
+use super::elements::element_list;
 use super::error::NetlinkError;
 use super::sys::{self as raw, BatchMessage, Object, msg};
 use crate::nft::ast::Owner;
@@ -250,16 +251,10 @@ impl BatchWriter {
             OpKind::AddElements { set, elements } => {
                 let id = set_ids.get(&(family, table.to_string(), set.clone())).copied();
                 for chunk in chunk_by_size(elements, |(k, e)| element_size(k, e)) {
-                    let mut s = set_obj(table, family, set)?;
-                    if let Some(id) = id {
-                        s.set_u32(u16_attr(sys::NFTNL_SET_ID), id);
-                    }
-                    let mut owners = Vec::with_capacity(chunk.len());
-                    for (key, element) in chunk {
-                        s.add_elem(encode_element(key, Some(element))?);
-                        owners.push(element.owner.clone());
-                    }
-                    push(msg::NEWSETELEM, NLM_F_CREATE, Object::SetElements(s), Some(owners));
+                    let items = chunk.iter().map(|(key, element)| (key, Some(element)));
+                    let owners = chunk.iter().map(|(_, element)| element.owner.clone()).collect();
+                    let attributes = element_list(table, set, id, items);
+                    push(msg::NEWSETELEM, NLM_F_CREATE, Object::Attributes(attributes), Some(owners));
                 }
             }
             OpKind::ForgetElements { set, keys } => {
@@ -268,22 +263,15 @@ impl BatchWriter {
                 // follows).
                 let kind = if destroy_supported() { msg::DESTROYSETELEM } else { msg::DELSETELEM };
                 for chunk in chunk_by_size(keys, |k| 32 + k.bytes.len()) {
-                    let mut s = set_obj(table, family, set)?;
-                    for key in chunk {
-                        s.add_elem(encode_element(key, None)?);
-                    }
-                    push(kind, 0, Object::SetElements(s), None);
+                    let attributes = element_list(table, set, None, chunk.iter().map(|key| (key, None)));
+                    push(kind, 0, Object::Attributes(attributes), None);
                 }
             }
             OpKind::DeleteElements { set, keys } => {
                 for chunk in chunk_by_size(keys, |(k, _)| 32 + k.bytes.len()) {
-                    let mut s = set_obj(table, family, set)?;
-                    let mut owners = Vec::with_capacity(chunk.len());
-                    for (key, owner) in chunk {
-                        s.add_elem(encode_element(key, None)?);
-                        owners.push(owner.clone());
-                    }
-                    push(msg::DELSETELEM, 0, Object::SetElements(s), Some(owners));
+                    let owners = chunk.iter().map(|(_, owner)| owner.clone()).collect();
+                    let attributes = element_list(table, set, None, chunk.iter().map(|(key, _)| (key, None)));
+                    push(msg::DELSETELEM, 0, Object::Attributes(attributes), Some(owners));
                 }
             }
         }
@@ -364,6 +352,7 @@ fn set_obj(table: &str, family: u16, name: &str) -> Result<raw::Set, NetlinkErro
     Ok(s)
 }
 
+#[cfg(test)]
 fn encode_element(key: &WireKey, element: Option<&WireElement>) -> Result<raw::SetElem, NetlinkError> {
     let mut e = raw::SetElem::new()?;
     e.data(u16_attr(sys::NFTNL_SET_ELEM_KEY), &key.bytes);
@@ -557,4 +546,66 @@ fn destroy_supported() -> bool {
         let (major, minor) = (parts.next().unwrap_or(0), parts.next().unwrap_or(0));
         (major, minor) >= (6, 3)
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use super::*;
+    use crate::nft::wire::udata;
+    use raw::Body;
+
+    /// The encoder's element messages are byte for byte what libnftnl writes for a set object
+    /// holding the same elements: every kind of key and data, with and without a comment, an
+    /// interval end, in a set added in the same batch or not.
+    #[test]
+    fn element_lists_are_what_libnftnl_writes() {
+        let comment: Arc<[u8]> = Arc::from(udata::comment("ns/svc:p80"));
+        let element = |data: WireData, userdata: Option<Arc<[u8]>>| WireElement {
+            data,
+            userdata,
+            owner: Owner::infrastructure(),
+        };
+        let key = |bytes: &[u8], interval_end: bool| WireKey { bytes: bytes.iter().copied().collect(), interval_end };
+        let items: Vec<(WireKey, WireElement)> = vec![
+            (key(&[10, 96, 0, 1], false), element(WireData::None, None)),
+            (key(&[10, 96, 0, 1, 6, 0, 0, 0, 0, 80, 0, 0], false), element(WireData::None, Some(comment.clone()))),
+            (
+                key(&[10, 96, 0, 2, 17, 0, 0, 0, 0, 53, 0, 0, 3, 0, 0, 0], false),
+                element(
+                    WireData::Bytes([10, 128, 0, 7, 0x1f, 0x90, 0, 0].into_iter().collect()),
+                    Some(comment.clone()),
+                ),
+            ),
+            (
+                key(&[1, 2, 3, 4, 6, 0, 0, 0, 0, 80, 0, 0], false),
+                element(WireData::Verdict { code: -4, chain: Some("firewall-X-ns/svc/tcp/p80".into()) }, None),
+            ),
+            (key(&[0, 0, 0, 0], false), element(WireData::Verdict { code: 0, chain: None }, Some(comment.clone()))),
+            (key(&[0, 16, 0, 0], true), element(WireData::None, None)),
+            (key(&[0xfd; 32], false), element(WireData::None, None)),
+        ];
+        for set_id in [None, Some(7)] {
+            let mut set = set_obj("nftproxy", 2, "service-endpoints-3").unwrap();
+            if let Some(id) = set_id {
+                set.set_u32(u16_attr(sys::NFTNL_SET_ID), id);
+            }
+            for (k, e) in &items {
+                set.add_elem(encode_element(k, Some(e)).unwrap());
+            }
+            let libnftnl = raw::request(msg::NEWSETELEM, 2, NLM_F_CREATE, 9, Body::SetElements(&set));
+            let ours = element_list("nftproxy", "service-endpoints-3", set_id, items.iter().map(|(k, e)| (k, Some(e))));
+            let ours = raw::request(msg::NEWSETELEM, 2, NLM_F_CREATE, 9, Body::Attributes(&ours));
+            assert_eq!(ours, libnftnl, "with set id {set_id:?}");
+        }
+        // Keys only, as deletions send them.
+        let mut set = set_obj("nftproxy", 10, "hairpin-endpoints").unwrap();
+        for (k, _) in &items {
+            set.add_elem(encode_element(k, None).unwrap());
+        }
+        let libnftnl = raw::request(msg::DELSETELEM, 10, 0, 3, Body::SetElements(&set));
+        let ours = element_list("nftproxy", "hairpin-endpoints", None, items.iter().map(|(k, _)| (k, None)));
+        assert_eq!(raw::request(msg::DELSETELEM, 10, 0, 3, Body::Attributes(&ours)), libnftnl);
+    }
 }

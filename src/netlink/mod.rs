@@ -4,6 +4,7 @@
 pub(crate) mod conntrack;
 mod counters;
 mod decode;
+mod elements;
 mod encode;
 mod error;
 pub mod fake;

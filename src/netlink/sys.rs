@@ -312,6 +312,7 @@ impl Set {
         names
     }
     /// Hands an element to the set, which frees it.
+    #[cfg(test)]
     pub(super) fn add_elem(&mut self, elem: SetElem) {
         let p = elem.into_raw();
         // SAFETY: valid objects; the set takes ownership of the element.
@@ -449,9 +450,12 @@ impl ExprRef<'_> {
     }
 }
 
-/// A set element being built; owned until handed to a set.
+/// A set element being built; owned until handed to a set (tests: libnftnl's encoding, which
+/// the encoder's own must match).
+#[cfg(test)]
 pub(super) struct SetElem(NonNull<sys::nftnl_set_elem>);
 
+#[cfg(test)]
 impl SetElem {
     pub(super) fn new() -> Result<SetElem, NetlinkError> {
         // SAFETY: no preconditions; NULL means out of memory.
@@ -479,6 +483,7 @@ impl SetElem {
     }
 }
 
+#[cfg(test)]
 impl Drop for SetElem {
     fn drop(&mut self) {
         // SAFETY: still owned (not handed to a set), freed once.
@@ -509,6 +514,7 @@ impl SetElemRef<'_> {
         // SAFETY: valid element.
         self.is_set(attr).then(|| unsafe { sys::nftnl_set_elem_get_u32(self.ptr.as_ptr(), attr) })
     }
+    #[cfg(test)]
     pub(super) fn str(&self, attr: u16) -> Option<String> {
         if !self.is_set(attr) {
             return None;
@@ -585,6 +591,8 @@ pub(super) enum Body<'a> {
     Set(&'a Set),
     /// The elements a set object holds (`NEWSETELEM`, `DELSETELEM`, `GETSETELEM`).
     SetElements(&'a Set),
+    /// Attributes already encoded, appended to the header as they are.
+    Attributes(&'a [u8]),
 }
 
 /// The bytes of a netlink header.
@@ -595,8 +603,9 @@ const NLMSG_HDRLEN: usize = 16;
 /// # Safety
 /// `buf` must be valid for writes of `nftnl::nft_nlmsg_maxsize()` bytes and 4-byte aligned.
 unsafe fn write_message(buf: *mut c_void, kind: u16, family: u16, flags: u16, seq: u32, body: &Body<'_>) -> usize {
-    // SAFETY: the caller guarantees room for a whole message; the header is written first, then
-    // libnftnl appends the object's attributes after it and updates its length.
+    // SAFETY: the caller guarantees room for a whole message (encoded attributes are at most
+    // `MAX_ATTRIBUTES` bytes); the header is written first, then libnftnl appends the object's
+    // attributes after it (or they are copied there) and the length is updated.
     unsafe {
         let nlh = sys::nftnl_nlmsg_build_hdr(buf.cast(), kind, family, flags, seq);
         match body {
@@ -605,6 +614,11 @@ unsafe fn write_message(buf: *mut c_void, kind: u16, family: u16, flags: u16, se
             Body::Rule(r) => sys::nftnl_rule_nlmsg_build_payload(nlh, r.as_ptr()),
             Body::Set(s) => sys::nftnl_set_nlmsg_build_payload(nlh, s.as_ptr()),
             Body::SetElements(s) => sys::nftnl_set_elems_nlmsg_build_payload(nlh, s.as_ptr()),
+            Body::Attributes(bytes) => {
+                let at = (*nlh).nlmsg_len as usize;
+                std::ptr::copy_nonoverlapping(bytes.as_ptr(), buf.cast::<u8>().add(at), bytes.len());
+                (*nlh).nlmsg_len += len32(bytes);
+            }
         }
         (*nlh).nlmsg_len as usize
     }
@@ -658,7 +672,7 @@ enum OwnedBody {
     Chain(Chain),
     Rule(Rule),
     Set(Set),
-    SetElements(Set),
+    Attributes(Vec<u8>),
 }
 
 /// An object to own in a [`BatchMessage`].
@@ -667,8 +681,15 @@ pub(super) enum Object {
     Chain(Chain),
     Rule(Rule),
     Set(Set),
-    SetElements(Set),
+    /// Attributes encoded without libnftnl (set elements: one object per element would be a
+    /// few allocations each, for hundreds of thousands of elements), at most
+    /// [`MAX_ATTRIBUTES`] bytes.
+    Attributes(Vec<u8>),
 }
+
+/// The most attribute bytes an [`Object::Attributes`] may hold: well below the room the batch
+/// gives a message (`nft_nlmsg_maxsize()`, ~68 KiB).
+pub(super) const MAX_ATTRIBUTES: usize = 48 * 1024;
 
 impl BatchMessage {
     /// A message of type `kind` carrying `object`.
@@ -678,7 +699,11 @@ impl BatchMessage {
             Object::Chain(c) => OwnedBody::Chain(c),
             Object::Rule(r) => OwnedBody::Rule(r),
             Object::Set(s) => OwnedBody::Set(s),
-            Object::SetElements(s) => OwnedBody::SetElements(s),
+            Object::Attributes(mut bytes) => {
+                // A message the batch has no room for would be written past its buffer.
+                bytes.truncate(MAX_ATTRIBUTES);
+                OwnedBody::Attributes(bytes)
+            }
         };
         BatchMessage { kind, family, flags, body, seq: Cell::new(0) }
     }
@@ -699,7 +724,7 @@ unsafe impl nftnl::NlMsg for BatchMessage {
             OwnedBody::Chain(c) => Body::Chain(c),
             OwnedBody::Rule(r) => Body::Rule(r),
             OwnedBody::Set(s) => Body::Set(s),
-            OwnedBody::SetElements(s) => Body::SetElements(s),
+            OwnedBody::Attributes(bytes) => Body::Attributes(bytes),
         };
         // SAFETY: the batch hands us a 4-byte aligned buffer of `nft_nlmsg_maxsize()` bytes.
         unsafe {

@@ -10,7 +10,9 @@
 //! sync kinds give a contested shared key to its first claimant in service-name order, exactly
 //! as [`crate::plan::plan`] merges, so both program the same ruleset.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet};
+
+use foldhash::HashMap;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::sync::Arc;
 
@@ -161,9 +163,9 @@ impl Programmed {
         Programmed {
             infrastructure,
             services: BTreeMap::new(),
-            claims: HashMap::new(),
+            claims: HashMap::default(),
             hairpins: HairpinCounts::default(),
-            maps: HashMap::new(),
+            maps: HashMap::default(),
             totals: PlanStats::default(),
             health_checks: None,
         }
@@ -207,11 +209,12 @@ impl Programmed {
                 if set.is_endpoint_map() {
                     continue;
                 }
-                let held_by_infrastructure = |key: &WireKey| {
-                    infrastructure
-                        .and_then(|t| t.sets.get(set.name().as_ref()))
-                        .is_some_and(|s| s.elements.contains_key(key))
-                };
+                // Sets made on demand are never the infrastructure's (and their names are
+                // formatted: found once per set, not per key).
+                let infrastructure_set =
+                    if set.on_demand() { None } else { infrastructure.and_then(|t| t.sets.get(set.name().as_ref())) };
+                let held_by_infrastructure =
+                    |key: &WireKey| infrastructure_set.is_some_and(|s| s.elements.contains_key(key));
                 if *set == SharedSet::Hairpin {
                     let hairpins = &self.hairpins;
                     elements.retain(|key, _| {

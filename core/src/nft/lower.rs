@@ -3,6 +3,7 @@
 //! tables exactly as [`super::render`] prints them.
 
 use std::collections::BTreeMap;
+use std::net::IpAddr;
 use std::sync::Arc;
 
 use ipnet::IpNet;
@@ -374,20 +375,30 @@ fn value_bytes(value: &Value, len: usize) -> Vec<u8> {
     }
 }
 
-/// A field of a concatenated key: value bytes padded to 32 bits.
+/// A field of a concatenated key: value bytes padded to 32 bits, written in place (a cluster's
+/// ruleset has hundreds of thousands of keys).
 fn push_field(buf: &mut Bytes, value: &Value) {
-    let bytes = match value {
-        Value::IndexRange(lo, _) => lo.to_ne_bytes().to_vec(),
-        Value::Addr(_) | Value::Prefix(_) | Value::Proto(_) | Value::Port(_) | Value::Index(_) | Value::Ifname(_) => {
-            value_bytes(value, 0)
-        }
-    };
-    buf.extend_from_slice(&bytes);
+    match value {
+        Value::Addr(a) => push_address(buf, a),
+        Value::Prefix(p) => push_address(buf, &p.addr()),
+        Value::Proto(p) => buf.push(p.number()),
+        Value::Port(p) => buf.extend_from_slice(&p.to_be_bytes()),
+        Value::IndexRange(lo, _) | Value::Index(lo) => buf.extend_from_slice(&lo.to_ne_bytes()),
+        Value::Ifname(_) => buf.extend_from_slice(&value_bytes(value, 0)),
+    }
     buf.resize(buf.len().div_ceil(4) * 4, 0);
+}
+
+fn push_address(buf: &mut Bytes, address: &IpAddr) {
+    match address {
+        IpAddr::V4(a) => buf.extend_from_slice(&a.octets()),
+        IpAddr::V6(a) => buf.extend_from_slice(&a.octets()),
+    }
 }
 
 fn concat_bytes(values: &[Value]) -> Bytes {
     let mut buf = Bytes::new();
+    buf.reserve(values.len() * 4);
     for v in values {
         push_field(&mut buf, v);
     }
@@ -551,18 +562,20 @@ fn hex(s: &str) -> Vec<u8> {
     (0..s.len()).step_by(2).filter_map(|i| u8::from_str_radix(s.get(i..i + 2)?, 16).ok()).collect()
 }
 
-/// Element comments, one allocation per distinct text (a service port's elements share one).
+/// Element comments, one allocation per distinct text (a service port's elements share one, and
+/// one `Arc<str>`: found by pointer first, as a set of one service holds a comment or two).
 #[derive(Default)]
-struct Comments(std::collections::HashMap<String, Arc<[u8]>>);
+struct Comments(Vec<(Arc<str>, Arc<[u8]>)>);
 
 impl Comments {
-    fn get(&mut self, comment: Option<&str>) -> Option<Arc<[u8]>> {
+    fn get(&mut self, comment: Option<&Arc<str>>) -> Option<Arc<[u8]>> {
         let c = comment?;
-        if let Some(blob) = self.0.get(c) {
+        let known = self.0.iter().find(|(text, _)| Arc::ptr_eq(text, c) || **text == **c);
+        if let Some((_, blob)) = known {
             return Some(blob.clone());
         }
         let blob: Arc<[u8]> = Arc::from(udata::comment(c));
-        self.0.insert(c.to_string(), blob.clone());
+        self.0.push((c.clone(), blob.clone()));
         Some(blob)
     }
 }
@@ -636,7 +649,7 @@ fn lower_element(element: &Element, comments: &mut Comments) -> WireElement {
         }
         ElementData::Values(values) => WireData::Bytes(concat_bytes(values)),
     };
-    WireElement { data, userdata: comments.get(element.comment.as_deref()), owner: element.owner.clone() }
+    WireElement { data, userdata: comments.get(element.comment.as_ref()), owner: element.owner.clone() }
 }
 
 /// Interval sets as nft encodes them for the kernel's rbtree: each range becomes a start element
