@@ -88,6 +88,9 @@ pub struct Changes {
     pub sync: Vec<Duration>,
     /// The proxy's `network_programming_duration_seconds` observed for the change.
     pub programming: Vec<Duration>,
+    /// API write → the API server's answer to it (the object stored), per change: the part of
+    /// the latency no proxy can shorten.
+    pub answered: Vec<Duration>,
 }
 
 /// One minute of a churn run.
@@ -471,6 +474,7 @@ impl Run<'_> {
         commits.watch(address);
         let before = self.scrape(running)?;
         let sent = self.client.write(write)?;
+        out.answered.push(SystemTime::now().duration_since(sent).unwrap_or_default());
         let Some(seen) = commits.wait_for(address, CHANGE_TIMEOUT) else {
             eprintln!("  {}: {address} not seen in the kernel in {CHANGE_TIMEOUT:?}", self.proxy);
             out.missed += 1;
@@ -743,6 +747,10 @@ pub fn tables(r: &SizeResult, plan: &Plan) -> String {
     row(&mut out, "one endpoint replaced, API write → kernel commit", &proxies, |p| {
         changes_cells(&f(p).endpoint_change)
     });
+    row(&mut out, "… the API server's answer to the write", &proxies, |p| {
+        let m = median(&f(p).endpoint_change.answered);
+        (opt_ms(m), m.map(|d| d.as_secs_f64()))
+    });
     row(&mut out, "… its sync (`sync_proxy_rules_duration_seconds`)", &proxies, |p| {
         let m = median(&f(p).endpoint_change.sync);
         (opt_ms(m), m.map(|d| d.as_secs_f64()))
@@ -752,6 +760,10 @@ pub fn tables(r: &SizeResult, plan: &Plan) -> String {
         (opt_ms(m), m.map(|d| d.as_secs_f64()))
     });
     row(&mut out, "a Service added, API write → kernel commit", &proxies, |p| changes_cells(&f(p).service_added));
+    row(&mut out, "… the API server's answer to the write", &proxies, |p| {
+        let m = median(&f(p).service_added.answered);
+        (opt_ms(m), m.map(|d| d.as_secs_f64()))
+    });
     row(&mut out, "… its sync (`sync_proxy_rules_duration_seconds`)", &proxies, |p| {
         let m = median(&f(p).service_added.sync);
         (opt_ms(m), m.map(|d| d.as_secs_f64()))
