@@ -44,6 +44,10 @@ enum Command {
     /// A cluster of real nodes (containerd and kubelet in lab namespaces) with kubeadm's
     /// kube-proxy and CoreDNS addons, held until Ctrl-C.
     Nodes(nftproxy_tools::node::cli::NodesArgs),
+    /// Upstream's e2e tests (`e2e.test` v1.37.2: the Conformance specs of `[sig-network]`, or
+    /// `--wide`) on real nodes with kubeadm's kube-proxy, then with nftproxy on the same
+    /// cluster; writes both columns to a dated results file in docs/e2e/.
+    E2e(nftproxy_tools::node::cli::E2eArgs),
     /// One phase of the benchmark, inside a benchmark namespace (started by `bench`).
     #[command(hide = true)]
     BenchWorker(nftproxy_tools::bench::worker::WorkerArgs),
@@ -74,6 +78,7 @@ fn main() -> ExitCode {
         Command::Random(args) => nftproxy_tools::random::run_cli(&args).map_err(|e| e.to_string()),
         Command::BenchWorker(args) => nftproxy_tools::bench::worker::run(&args).map_err(|e| e.to_string()),
         Command::Nodes(args) => nftproxy_tools::node::cli::run(&args),
+        Command::E2e(args) => nftproxy_tools::node::cli::run_e2e(&args),
         Command::Cluster { size, out, list } => write_cluster(&size, out.as_deref(), list),
     };
     match result {

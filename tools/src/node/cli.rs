@@ -75,21 +75,8 @@ fn run_scenario(images: &[PathBuf], results: &std::path::Path) -> Result<(), Str
     let failing: Vec<&str> =
         records.iter().filter(|r| r.endpoints_unchanged && r.failed() > 0).map(|r| r.name.as_str()).collect();
     let date = humantime::format_rfc3339_seconds(started).to_string();
-    let day = &date[..10];
-    std::fs::create_dir_all(results).map_err(|e| e.to_string())?;
-    let mut path = results.join(format!("{day}.md"));
-    let mut n = 2;
-    while path.exists() {
-        path = results.join(format!("{day}-{n}.md"));
-        n += 1;
-    }
-    let commit = std::process::Command::new("git")
-        .args(["rev-parse", "--short", "HEAD"])
-        .current_dir(env!("CARGO_MANIFEST_DIR"))
-        .output()
-        .ok()
-        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
-        .unwrap_or_default();
+    let path = dated_file(results, &date[..10])?;
+    let commit = commit();
     let mut text = format!(
         "# Real nodes: the operator's path, {date}\n\nCommit {commit}; `nftproxy-tools nodes --scenario` \
          (tools/src/node/scenario.rs): two nodes, each containerd 1.6 and kubelet v1.37.2 in a lab \
@@ -107,4 +94,89 @@ fn run_scenario(images: &[PathBuf], results: &std::path::Path) -> Result<(), Str
         (None, false) => Err(format!("connections failed where endpoints did not change: {}", failing.join("; "))),
         (None, true) => Ok(()),
     }
+}
+
+/// `nftproxy-tools e2e`'s options.
+#[derive(Debug, clap::Args)]
+pub struct E2eArgs {
+    /// Run the wide selection (`[sig-network] Services`, Networking, DNS, EndpointSlices and
+    /// the Conformance specs of `[sig-network]`) instead of the Conformance subset.
+    #[arg(long)]
+    pub wide: bool,
+    /// A directory `scripts/images` wrote; default: `$NFTPROXY_IMAGES`, else what
+    /// `scripts/images` builds.
+    #[arg(long)]
+    pub images: Option<PathBuf>,
+    /// Where the dated results file goes.
+    #[arg(long, default_value = concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/e2e"))]
+    pub results: PathBuf,
+}
+
+/// Runs upstream's e2e selection with kube-proxy, then with nftproxy, on one cluster of real
+/// nodes, and writes both columns to a dated results file; fails when a spec kube-proxy passed
+/// did not pass with nftproxy.
+pub fn run_e2e(args: &E2eArgs) -> Result<(), String> {
+    let images = match &args.images {
+        Some(dir) => crate::images::Images::open(dir),
+        None => crate::images::Images::locate(),
+    }
+    .map_err(|e| e.to_string())?;
+    let images: Vec<PathBuf> = images.all().iter().map(|i| i.archive.clone()).collect();
+    let selection = if args.wide { super::e2e::Selection::wide() } else { super::e2e::Selection::conformance() };
+    let started = std::time::SystemTime::now();
+    let mut s = NodeScenario::start(&["node1", "node2"], &images).map_err(|e| e.to_string())?;
+    let work = s.dir().to_path_buf();
+    let comparison =
+        super::e2e::compare(&mut s, selection, &super::e2e::work_dir(&work, "run")).map_err(|e| s.diagnose(&e))?;
+    let date = humantime::format_rfc3339_seconds(started).to_string();
+    let path = dated_file(&args.results, &format!("{}-{}", &date[..10], comparison.selection.name))?;
+    let mut text = format!(
+        "# Upstream's e2e against nftproxy: {} selection, {date}\n\nCommit {}; `nftproxy-tools e2e{}`: \
+         `e2e.test` v1.37.2 on two real nodes (containerd 1.6, kubelet v1.37.2), first with kubeadm's \
+         kube-proxy DaemonSet (upstream's image, nftables mode), then after `kubectl set image` to \
+         nftproxy's, on the same cluster.\n\nFocus: `{}`\n\nSkip: `{}` (docs/e2e/README.md says why).\n\n",
+        comparison.selection.name,
+        commit(),
+        if args.wide { " --wide" } else { "" },
+        comparison.selection.focus,
+        comparison.selection.skip,
+    );
+    text.push_str(&comparison.to_markdown());
+    let regressions = comparison.regressions();
+    if !regressions.is_empty() {
+        text.push_str("\n## Passed by kube-proxy, not by nftproxy\n\n");
+        for (name, r) in &regressions {
+            text.push_str(&format!("- {name}: {} — {}\n", r.state, r.message));
+        }
+    }
+    std::fs::write(&path, text).map_err(|e| e.to_string())?;
+    println!("wrote {}", path.display());
+    if regressions.is_empty() {
+        Ok(())
+    } else {
+        Err(format!("{} spec(s) passed with kube-proxy and not with nftproxy", regressions.len()))
+    }
+}
+
+/// `DIR/NAME.md`, or `DIR/NAME-2.md`, … when taken.
+fn dated_file(dir: &std::path::Path, name: &str) -> Result<PathBuf, String> {
+    std::fs::create_dir_all(dir).map_err(|e| e.to_string())?;
+    let mut path = dir.join(format!("{name}.md"));
+    let mut n = 2;
+    while path.exists() {
+        path = dir.join(format!("{name}-{n}.md"));
+        n += 1;
+    }
+    Ok(path)
+}
+
+/// This tree's commit, short.
+fn commit() -> String {
+    std::process::Command::new("git")
+        .args(["rev-parse", "--short", "HEAD"])
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .output()
+        .ok()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+        .unwrap_or_default()
 }

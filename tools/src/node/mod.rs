@@ -12,6 +12,7 @@ pub mod cgroup;
 pub mod cli;
 pub mod cluster;
 pub mod config;
+pub mod e2e;
 pub mod error;
 pub mod kubeadm;
 pub mod machine;
