@@ -36,6 +36,7 @@ use super::api::{self, ApiClient, NewObject, Write};
 use super::error::BenchError;
 use super::figures::{mib, ms, quantile};
 use super::kernel::KernelCommits;
+use super::load::{self, Window};
 use super::proxies::{self, FULL_SYNC, Histogram, PROGRAMMING, Proxy, Running, SYNC};
 use super::record::{self, Record, Report};
 use crate::cluster::{Size, endpoint_ip};
@@ -74,6 +75,9 @@ pub struct Plan {
     /// How long syncs must have stopped before a proxy counts as settled (after its first sync,
     /// before the idle window).
     pub settle: Duration,
+    /// Runs of each proxy at each size (the objects are created once; churn runs in the first):
+    /// the tables give the medians of the quiet ones, with their spread.
+    pub runs: usize,
 }
 
 /// Single changes of one kind.
@@ -166,7 +170,10 @@ pub struct SizeResult {
     pub size: Size,
     /// How long creating the objects through the API took.
     pub created_in: Duration,
+    /// Per proxy, the medians of its quiet runs (of all of them when none was quiet).
     pub figures: BTreeMap<Proxy, Figures>,
+    /// Per proxy, every run's figures and the machine's load around it, in order.
+    pub runs: BTreeMap<Proxy, Vec<(Figures, Window)>>,
     /// The churn plot, when there was a churn run.
     pub plot: Option<PathBuf>,
 }
@@ -260,9 +267,9 @@ fn one_size(plan: &Plan, size: Size, bins: &UpstreamBins, record: &Record) -> Re
     let token = cp.token("kube-system", "kube-proxy").map_err(hth)?;
     let kubeconfig = dir.path().join("kubeconfig");
     std::fs::write(&kubeconfig, cp.kubeconfig(&token))?;
-    let mut figures = BTreeMap::new();
+    let mut runs: BTreeMap<Proxy, Vec<(Figures, Window)>> = BTreeMap::new();
     let churn = plan.churn_sizes.contains(&size);
-    for (p, &proxy) in plan.proxies.iter().enumerate() {
+    for (n, (p, &proxy)) in (0..plan.runs.max(1)).flat_map(|n| plan.proxies.iter().enumerate().map(move |x| (n, x))) {
         let config = dir.path().join(format!("{}.conf", proxy.slug()));
         std::fs::write(
             &config,
@@ -272,7 +279,17 @@ fn one_size(plan: &Plan, size: Size, bins: &UpstreamBins, record: &Record) -> Re
         let mut measured = Figures::default();
         // One proxy's failure (a first sync that never comes, at the largest size) leaves the
         // others to run; the tables say what stopped it.
-        if let Err(e) = run.measure(churn, &mut measured) {
+        let part = format!("{proxy}, run {} of {}", n + 1, plan.runs.max(1));
+        let (result, window) = load::watch(&part, || run.measure(churn && n == 0, &mut measured));
+        if !window.quiet() {
+            eprintln!(
+                "  {part}: not quiet (other processes {:.2} / {:.2} cores, {:.1}% stolen)",
+                window.others_before,
+                window.others_during,
+                window.steal_during * 100.0
+            );
+        }
+        if let Err(e) = result {
             eprintln!("  {proxy}: {e}");
             measured.error = Some(e.to_string());
         }
@@ -288,8 +305,9 @@ fn one_size(plan: &Plan, size: Size, bins: &UpstreamBins, record: &Record) -> Re
             .collect();
         client.delete_all(added)?;
         measured.leftovers = proxies::clean_switch(&lab.node("node1").ns, bins)?;
-        figures.insert(proxy, measured);
+        runs.entry(proxy).or_default().push((measured, window));
     }
+    let figures: BTreeMap<Proxy, Figures> = runs.iter().map(|(p, r)| (*p, medians(r))).collect();
     let plot = if churn && figures.values().any(|f| f.churn.is_some()) {
         let path = record.file(&format!("head-to-head-churn-{}x{}.svg", size.services, size.endpoints));
         let series: Vec<super::plot::ChurnSeries<'_>> = figures
@@ -315,7 +333,7 @@ fn one_size(plan: &Plan, size: Size, bins: &UpstreamBins, record: &Record) -> Re
     } else {
         None
     };
-    Ok(SizeResult { size, created_in, figures, plot })
+    Ok(SizeResult { size, created_in, figures, runs, plot })
 }
 
 fn added_name(p: usize, n: usize) -> String {
@@ -666,6 +684,107 @@ fn summarize_churn(
     out
 }
 
+/// The runs the medians are taken over: the quiet ones, or every one when none was quiet.
+fn chosen(runs: &[(Figures, Window)]) -> Vec<&Figures> {
+    let quiet: Vec<&Figures> = runs.iter().filter(|(_, w)| w.quiet()).map(|(f, _)| f).collect();
+    if quiet.is_empty() { runs.iter().map(|(f, _)| f).collect() } else { quiet }
+}
+
+/// The median of `values` (the lower middle one of an even count), zero for none.
+fn middle<T: Copy + PartialOrd + Default>(mut values: Vec<T>) -> T {
+    values.sort_by(|a, b| a.partial_cmp(b).unwrap_or(std::cmp::Ordering::Equal));
+    values.get(values.len().saturating_sub(1) / 2).copied().unwrap_or_default()
+}
+
+/// One proxy's figures over its runs: the median of each figure over the quiet runs (every
+/// single change of them for the changes' rows), the churn of the run that had it.
+fn medians(runs: &[(Figures, Window)]) -> Figures {
+    let chosen = chosen(runs);
+    let over =
+        |f: &dyn Fn(&Figures) -> Duration| middle(chosen.iter().map(|x| f(x)).filter(|d| !d.is_zero()).collect());
+    let bytes = |f: &dyn Fn(&Figures) -> u64| middle(chosen.iter().map(|x| f(x)).filter(|b| *b > 0).collect());
+    let changes = |f: &dyn Fn(&Figures) -> &Changes| {
+        let mut all = Changes::default();
+        for x in &chosen {
+            let c = f(x);
+            all.latencies.extend(&c.latencies);
+            all.missed += c.missed;
+            all.sync.extend(&c.sync);
+            all.programming.extend(&c.programming);
+            all.answered.extend(&c.answered);
+        }
+        all
+    };
+    Figures {
+        first_sync: over(&|x| x.first_sync),
+        sync: over(&|x| x.sync),
+        endpoint_change: changes(&|x| &x.endpoint_change),
+        service_added: changes(&|x| &x.service_added),
+        churn: runs.iter().find_map(|(f, _)| f.churn.clone()),
+        idle_cpu: middle(chosen.iter().map(|x| x.idle_cpu).collect()),
+        peak_rss: bytes(&|x| x.peak_rss),
+        restart_first_sync: over(&|x| x.restart_first_sync),
+        restart_sync: over(&|x| x.restart_sync),
+        restart_peak_rss: bytes(&|x| x.restart_peak_rss),
+        leftovers: runs.last().map(|(f, _)| f.leftovers.clone()).unwrap_or_default(),
+        error: runs.iter().find_map(|(f, _)| f.error.clone()),
+        overruns: runs.iter().map(|(f, _)| f.overruns).sum(),
+    }
+}
+
+/// `min–max` of a figure over the runs the medians were taken over.
+fn spread(runs: &[(Figures, Window)], f: impl Fn(&Figures) -> Option<f64>, show: impl Fn(f64) -> String) -> String {
+    let values: Vec<f64> = chosen(runs).into_iter().filter_map(f).collect();
+    let lo = values.iter().copied().fold(f64::INFINITY, f64::min);
+    let hi = values.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+    if values.is_empty() { "-".into() } else { format!("{}–{}", show(lo), show(hi)) }
+}
+
+/// Each proxy's runs: how many were quiet, and the spread of the figures the medians are of.
+fn runs_table(r: &SizeResult) -> String {
+    let mut out = String::new();
+    let duration = |d: Duration| (!d.is_zero()).then_some(d.as_secs_f64());
+    let as_ms = |s: f64| ms(Duration::from_secs_f64(s));
+    let as_mib = |b: f64| mib(b as u64);
+    let _ = writeln!(
+        out,
+        "
+Runs (medians above are of the quiet runs; when none was quiet, of all of them):
+
+         | {} | runs quiet | start → first sync | the first sync itself | one endpoint replaced (run medians) | a Service added (run medians) | restart: start → first sync | peak RSS |
+|---|---:|---:|---:|---:|---:|---:|---:|",
+        r.size
+    );
+    for (p, runs) in &r.runs {
+        let quiet = runs.iter().filter(|(_, w)| w.quiet()).count();
+        let change = |c: &Changes| median(&c.latencies).map(|d| d.as_secs_f64());
+        let _ = writeln!(
+            out,
+            "| {p} | {quiet} of {} | {} | {} | {} | {} | {} | {} |",
+            runs.len(),
+            spread(runs, |f| duration(f.first_sync), as_ms),
+            spread(runs, |f| duration(f.sync), as_ms),
+            spread(runs, |f| change(&f.endpoint_change), as_ms),
+            spread(runs, |f| change(&f.service_added), as_ms),
+            spread(runs, |f| duration(f.restart_first_sync), as_ms),
+            spread(runs, |f| (f.peak_rss > 0).then_some(f.peak_rss as f64), as_mib),
+        );
+    }
+    let windows: Vec<Window> = r.runs.values().flat_map(|runs| runs.iter().map(|(_, w)| w.clone())).collect();
+    let _ = write!(
+        out,
+        "
+The machine around each run ({} s watched before each; quiet: other processes under {} of a core before and during, under {:.0}% stolen):
+
+{}",
+        load::BEFORE.as_secs(),
+        load::QUIET_OTHERS,
+        load::QUIET_STEAL * 100.0,
+        load::table(&windows)
+    );
+    out
+}
+
 fn ratio(ours: f64, theirs: f64) -> String {
     if ours > 0.0 && theirs > 0.0 { format!("{:.1}×", theirs / ours) } else { "-".into() }
 }
@@ -781,6 +900,7 @@ pub fn tables(r: &SizeResult, plan: &Plan) -> String {
     row(&mut out, "restart: start → first sync done", &proxies, |p| dur(f(p).restart_first_sync));
     row(&mut out, "restart: the first sync itself", &proxies, |p| dur(f(p).restart_sync));
     row(&mut out, "restart: peak RSS", &proxies, |p| mem(f(p).restart_peak_rss));
+    out.push_str(&runs_table(r));
     let left: Vec<String> = r
         .figures
         .iter()
@@ -923,17 +1043,34 @@ pub fn headline(results: &[SizeResult], plan: &Plan, dataplane: &[super::datapla
     };
     let cores = std::thread::available_parallelism().map_or(0, |n| n.get());
     let x = |a: f64, b: f64| ratio(a, b);
+    let quiet = |p: Proxy| {
+        let runs = r.runs.get(&p).map(Vec::as_slice).unwrap_or_default();
+        (runs.iter().filter(|(_, w)| w.quiet()).count(), runs.len())
+    };
+    let ((ours_quiet, ours_runs), (theirs_quiet, theirs_runs)) =
+        (quiet(Proxy::Nftproxy), quiet(Proxy::KubeProxyNftables));
+    let first_sync_spread = |p: Proxy| {
+        let runs = r.runs.get(&p).map(Vec::as_slice).unwrap_or_default();
+        spread(
+            runs,
+            |f| (!f.first_sync.is_zero()).then_some(f.first_sync.as_secs_f64()),
+            |s| ms(Duration::from_secs_f64(s)),
+        )
+    };
     let mut out = format!(
-        "\n## Headline\n\nFor the README's Performance section.\n\n\
+        "\n## Headline\n\nFor the README's Performance section: medians of the quiet runs (nftproxy {ours_quiet} of {ours_runs}, \
+         upstream {theirs_quiet} of {theirs_runs}; of every run when none was quiet), the first sync's spread in brackets.\n\n\
          | at {} Services × {} endpoints, {cores}-core machine, real kube-apiserver v1.37.2 | nftproxy | upstream kube-proxy v1.37.2 (nftables) |\n|---|---:|---:|\n",
         r.size.services, r.size.endpoints
     );
     let _ = writeln!(
         out,
-        "| start → first sync done; peak RSS | {}; {} | {} ({}); {} ({}) |",
+        "| start → first sync done; peak RSS | {} [{}]; {} | {} [{}] ({}); {} ({}) |",
         ms(ours.first_sync),
+        first_sync_spread(Proxy::Nftproxy),
         mib(ours.peak_rss),
         ms(theirs.first_sync),
+        first_sync_spread(Proxy::KubeProxyNftables),
         x(ours.first_sync.as_secs_f64(), theirs.first_sync.as_secs_f64()),
         mib(theirs.peak_rss),
         x(ours.peak_rss as f64, theirs.peak_rss as f64)

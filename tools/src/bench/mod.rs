@@ -18,6 +18,7 @@ pub mod error;
 pub mod figures;
 pub mod head_to_head;
 pub mod kernel;
+pub mod load;
 mod plot;
 pub mod proxies;
 pub mod record;
@@ -70,6 +71,10 @@ pub struct BenchArgs {
     /// Head to head: the proxies, in the order they run.
     #[arg(long, value_enum, value_delimiter = ',', default_value = "nftproxy,kube-proxy-nftables,kube-proxy-iptables")]
     pub h2h_proxies: Vec<H2hProxy>,
+    /// Head to head: runs of each proxy at each size (the figures are the medians of the quiet
+    /// ones, with their spread; churn runs in the first). `--quick`: one.
+    #[arg(long, default_value_t = 3)]
+    pub h2h_runs: usize,
     /// Head to head: single changes of each kind (endpoint replaced, Service added) per proxy.
     #[arg(long, default_value_t = 5)]
     pub h2h_changes: usize,
@@ -112,8 +117,9 @@ pub struct BenchArgs {
     /// Skip the data-plane measurement.
     #[arg(long)]
     pub no_dataplane: bool,
-    /// Data plane: interleaved rounds per ruleset.
-    #[arg(long, default_value_t = 4)]
+    /// Data plane: interleaved rounds per ruleset (10 complete the balanced Latin square of
+    /// the five rulesets: each runs in every position and after every other equally often).
+    #[arg(long, default_value_t = 10)]
     pub rounds: usize,
     /// Data plane: length of one trial.
     #[arg(long, default_value = "1500ms", value_parser = humantime::parse_duration)]
@@ -238,6 +244,7 @@ impl BenchArgs {
             no_head_to_head: self.no_head_to_head,
             h2h_sizes: vec!["200x10".into()],
             h2h_proxies: self.h2h_proxies.clone(),
+            h2h_runs: 1,
             h2h_changes: 1,
             h2h_churn_sizes: vec!["200x10".into()],
             h2h_churn_rate: 20,
@@ -291,6 +298,7 @@ impl BenchArgs {
             idle: self.h2h_idle,
             first_sync_timeout: self.h2h_first_sync_timeout,
             settle: if self.quick { Duration::from_secs(1) } else { Duration::from_secs(3) },
+            runs: if self.quick { 1 } else { self.h2h_runs.clamp(1, 20) },
         })
     }
 
@@ -410,6 +418,7 @@ fn run_parts(args: &BenchArgs, record: &Record, report: &mut Report) -> Result<(
     }
     let mut rows = Vec::new();
     if !args.no_dataplane {
+        let mut windows = Vec::new();
         for &services in &args.dataplane {
             eprintln!("bench: data plane at {services} services");
             // The data-plane lab's own node and cluster CIDR (its client counts as a pod on
@@ -427,18 +436,23 @@ fn run_parts(args: &BenchArgs, record: &Record, report: &mut Report) -> Result<(
                 )
                 .map_err(|e| e.to_string())
             };
-            rows.extend(dataplane::compare(
-                services,
-                &dataplane::Sources { iptables: &iptables, kube_proxy_nftables: &kube_proxy },
-                &dataplane::Trials {
-                    rulesets: &args.rulesets,
-                    rounds: args.rounds,
-                    trial: args.trial,
-                    settle: args.settle,
-                },
-            )?);
+            let (compared, window) = load::watch(&format!("data plane, {services} services"), || {
+                dataplane::compare(
+                    services,
+                    &dataplane::Sources { iptables: &iptables, kube_proxy_nftables: &kube_proxy },
+                    &dataplane::Trials {
+                        rulesets: &args.rulesets,
+                        rounds: args.rounds,
+                        trial: args.trial,
+                        settle: args.settle,
+                    },
+                )
+            });
+            rows.extend(compared?);
+            windows.push(window);
         }
         report.add(&dataplane_table(&rows));
+        report.add(&format!("\nThe machine around the data-plane trials:\n\n{}", load::table(&windows)));
         if args.quick {
             for row in &rows {
                 if row.connections == 0 || row.failures > 0 {
