@@ -13,6 +13,8 @@ import (
 	_ "k8s.io/kubernetes/cmd/kubectl"
 	_ "k8s.io/kubernetes/cmd/kubelet"
 	_ "k8s.io/kubernetes/test/images/agnhost"
+	// ginkgo runs e2e.test's specs in parallel processes.
+	_ "github.com/onsi/ginkgo/v2/ginkgo"
 	// kube-log-runner is upstream's /go-runner, the entrypoint of its
 	// kube-proxy image.
 	_ "k8s.io/component-base/logs/kube-log-runner"

@@ -51,12 +51,33 @@ pub(crate) fn kernel_release() -> String {
     nix::sys::utsname::uname().map(|u| u.release().to_string_lossy().into_owned()).unwrap_or_default()
 }
 
-/// Sets the process's OOM score adjustment (upstream: `oomScoreAdj`, default -999). A
-/// container without the right to lower it keeps its own, with a warning.
+/// Sets the process's OOM score adjustment (upstream: `oomScoreAdj`, default -999). Lowering
+/// it needs CAP_SYS_RESOURCE, which nftproxy's own DaemonSet does not give (`NET_ADMIN` only):
+/// there the container keeps what its runtime set, -997 for a `system-node-critical` pod, as
+/// good as -999 against the OOM killer, and that is said once, as information. Only a process
+/// left without protection (a score above zero kept) is warned about. Upstream logs the failure
+/// at verbosity 2 whatever the score is.
 pub(crate) fn set_oom_score_adj(value: i32) {
-    match std::fs::write("/proc/self/oom_score_adj", value.to_string()) {
-        Ok(()) => info!(oom_score_adj = value, "OOM score adjusted"),
-        Err(e) => warn!(oom_score_adj = value, error = %e, "cannot set the OOM score adjustment"),
+    let path = "/proc/self/oom_score_adj";
+    let current = std::fs::read_to_string(path).ok().and_then(|s| s.trim().parse::<i32>().ok());
+    if current == Some(value) {
+        return;
+    }
+    match (std::fs::write(path, value.to_string()), current) {
+        (Ok(()), _) => info!(oom_score_adj = value, "OOM score adjusted"),
+        (Err(e), Some(kept)) if kept < 0 => info!(
+            oom_score_adj = value,
+            kept,
+            error = %e,
+            "kept the OOM score adjustment the container runtime set (lowering it needs CAP_SYS_RESOURCE)"
+        ),
+        (Err(e), kept) => warn!(
+            oom_score_adj = value,
+            ?kept,
+            error = %e,
+            "cannot set the OOM score adjustment: the OOM killer may pick this process (give the container \
+             CAP_SYS_RESOURCE, or run it in a system-node-critical pod, whose runtime sets -997)"
+        ),
     }
 }
 

@@ -47,7 +47,9 @@ pub fn run(args: &NodesArgs) -> Result<(), String> {
     for signal in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
         signal_hook::flag::register(signal, Arc::clone(&stop)).map_err(|e| e.to_string())?;
     }
-    let mut s = NodeScenario::start(&names, &images).map_err(|e| e.to_string())?;
+    let nodes: Vec<(&str, super::config::IptablesBackend)> =
+        names.iter().map(|n| (*n, super::config::IptablesBackend::Nft)).collect();
+    let mut s = NodeScenario::start(&nodes, &images).map_err(|e| e.to_string())?;
     if args.workload {
         s.deploy_workload().map_err(|e| e.to_string())?;
     }
@@ -124,7 +126,8 @@ pub fn run_e2e(args: &E2eArgs) -> Result<(), String> {
     let images: Vec<PathBuf> = images.all().iter().map(|i| i.archive.clone()).collect();
     let selection = if args.wide { super::e2e::Selection::wide() } else { super::e2e::Selection::conformance() };
     let started = std::time::SystemTime::now();
-    let mut s = NodeScenario::start(&["node1", "node2"], &images).map_err(|e| e.to_string())?;
+    let nodes = [("node1", super::config::IptablesBackend::Nft), ("node2", super::config::IptablesBackend::Nft)];
+    let mut s = NodeScenario::start(&nodes, &images).map_err(|e| e.to_string())?;
     let work = s.dir().to_path_buf();
     let comparison =
         super::e2e::compare(&mut s, selection, &super::e2e::work_dir(&work, "run")).map_err(|e| s.diagnose(&e))?;

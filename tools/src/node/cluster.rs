@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 
 use thiserror::Error;
 
+use super::config::IptablesBackend;
 use super::error::NodeError;
 use super::machine::{Node, NodeSpec};
 use crate::controlplane::{ControlPlane, ControlPlaneError, Kubelets};
@@ -45,8 +46,15 @@ impl NodeCluster {
     /// Builds the lab and the control plane, boots one node per name with `images` imported,
     /// routes the pod ranges, and waits until every Node is Ready.
     pub fn start(names: &[&str], images: &[PathBuf]) -> Result<NodeCluster, ClusterError> {
+        let nodes: Vec<(&str, IptablesBackend)> = names.iter().map(|n| (*n, IptablesBackend::Nft)).collect();
+        NodeCluster::start_with(&nodes, images)
+    }
+
+    /// [`NodeCluster::start`], each node with the iptables its distribution uses.
+    pub fn start_with(nodes: &[(&str, IptablesBackend)], images: &[PathBuf]) -> Result<NodeCluster, ClusterError> {
+        let names: Vec<&str> = nodes.iter().map(|(n, _)| *n).collect();
         let mut lab = Lab::new()?;
-        for name in names {
+        for name in &names {
             lab.add_bare_node(name)?;
         }
         let kubelets = Kubelets {
@@ -56,8 +64,8 @@ impl NodeCluster {
         let cp = ControlPlane::start_for_kubelets(&mut lab, SERVICE_CIDR_V4, kubelets)?;
         // A host outside the cluster, on the wan: NodePorts and load balancers are reached from it.
         lab.add_client("client")?;
-        let mut nodes = Vec::new();
-        for name in names {
+        let mut started = Vec::new();
+        for (name, iptables) in nodes {
             let lab_node = lab.node(name);
             let spec = NodeSpec {
                 name: name.to_string(),
@@ -65,10 +73,11 @@ impl NodeCluster {
                 ip: lab_node.ip,
                 kubeconfig: cp.kubelet_kubeconfig(name),
                 cluster_dns: CLUSTER_DNS,
+                iptables: *iptables,
             };
-            nodes.push(Node::start(spec, cp.bins.clone(), images)?);
+            started.push(Node::start(spec, cp.bins.clone(), images)?);
         }
-        let mut cluster = NodeCluster { nodes, cp, lab, pod_ranges: Vec::new() };
+        let mut cluster = NodeCluster { nodes: started, cp, lab, pod_ranges: Vec::new() };
         cluster.route_pod_ranges()?;
         cluster.wait_until_ready(Duration::from_secs(120))?;
         Ok(cluster)

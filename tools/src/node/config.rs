@@ -77,6 +77,26 @@ pub fn cni_template() -> String {
     .to_string()
 }
 
+/// Which iptables the node's distribution uses (Debian's alternatives choose it): kubelet
+/// writes its chains with it, and kube-proxy's image follows kubelet's choice.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum IptablesBackend {
+    Nft,
+    Legacy,
+}
+
+impl IptablesBackend {
+    /// `update-alternatives --set` arguments that make `iptables` and `ip6tables` this backend.
+    pub fn alternatives(self) -> [[&'static str; 2]; 2] {
+        match self {
+            IptablesBackend::Nft => [["iptables", "/usr/sbin/iptables-nft"], ["ip6tables", "/usr/sbin/ip6tables-nft"]],
+            IptablesBackend::Legacy => {
+                [["iptables", "/usr/sbin/iptables-legacy"], ["ip6tables", "/usr/sbin/ip6tables-legacy"]]
+            }
+        }
+    }
+}
+
 /// What kubelet needs of the cluster and the node.
 #[derive(Debug, Clone)]
 pub struct KubeletSettings<'a> {

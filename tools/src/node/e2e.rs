@@ -145,9 +145,15 @@ pub fn parse_report(json: &str) -> Result<BTreeMap<String, SpecResult>, String> 
     Ok(out)
 }
 
+/// How many ginkgo processes run specs at once (`[Serial]` ones still run alone, at the end):
+/// most of a spec's time is spent waiting for pods, so a few in parallel use the two cores
+/// better than one.
+pub const PARALLEL: usize = 4;
+
 /// Runs `e2e.test` with `selection` from the wan client (outside the cluster, as a CI runner
-/// is), as the admin, and reads its report. `dir` keeps the report and the log.
-pub fn run_suite(s: &NodeScenario, selection: &Selection, dir: &Path) -> Result<E2eRun, ClusterError> {
+/// is), as the admin, through ginkgo's CLI with `procs` processes (built with the other
+/// upstream binaries), and reads its report. `dir` keeps the report and the log.
+pub fn run_suite(s: &NodeScenario, selection: &Selection, procs: usize, dir: &Path) -> Result<E2eRun, ClusterError> {
     std::fs::create_dir_all(dir).map_err(NodeError::from)?;
     let bins = &s.cluster.cp.bins;
     let client = s
@@ -157,35 +163,35 @@ pub fn run_suite(s: &NodeScenario, selection: &Selection, dir: &Path) -> Result<
         .iter()
         .find(|c| c.name == "client")
         .ok_or_else(|| NodeError::Setup("no wan client".into()))?;
-    let report = dir.join("report.json");
     let log = std::fs::File::create(dir.join("e2e.log")).map_err(NodeError::from)?;
-    let path = format!(
-        "{}:{}",
-        bins.path("kubectl").parent().unwrap_or(Path::new("")).display(),
-        std::env::var("PATH").unwrap_or_default()
-    );
+    let bin_dir = bins.path("kubectl").parent().map(Path::to_path_buf).unwrap_or_default();
+    let path = format!("{}:{}", bin_dir.display(), std::env::var("PATH").unwrap_or_default());
     let started = Instant::now();
     let status = std::process::Command::new("ip")
         .args(["netns", "exec", client.ns.name()])
+        .arg(bins.path("ginkgo"))
+        .arg(format!("--procs={}", procs.max(1)))
+        .args(["--no-color", "--succinct", "--timeout=2h"])
+        .arg(format!("--focus={}", selection.focus))
+        .arg(format!("--skip={}", selection.skip))
+        .arg(format!("--output-dir={}", dir.display()))
+        .arg("--json-report=report.json")
         .arg(bins.path("e2e.test"))
+        .arg("--")
         .arg(format!("--kubeconfig={}", s.cluster.cp.admin_kubeconfig().display()))
-        .args(["--provider=local", "--num-nodes=2", "--ginkgo.no-color", "--ginkgo.succinct"])
-        .arg(format!("--ginkgo.focus={}", selection.focus))
-        .arg(format!("--ginkgo.skip={}", selection.skip))
-        .arg(format!("--ginkgo.json-report={}", report.display()))
-        .arg(format!("--report-dir={}", dir.display()))
+        .args(["--provider=local", "--num-nodes=2"])
         .env("PATH", path)
         .current_dir(dir)
         .stdout(log.try_clone().map_err(NodeError::from)?)
         .stderr(log)
         .status()
-        .map_err(|e| NodeError::Setup(format!("cannot run e2e.test: {e}")))?;
+        .map_err(|e| NodeError::Setup(format!("cannot run ginkgo: {e}")))?;
     let took = started.elapsed();
-    let text = std::fs::read_to_string(&report).map_err(|e| NodeError::Failed {
-        what: format!("e2e.test ({status}) wrote no report"),
+    let text = std::fs::read_to_string(dir.join("report.json")).map_err(|e| NodeError::Failed {
+        what: format!("ginkgo ({status}) wrote no report in {}", dir.display()),
         output: e.to_string(),
     })?;
-    let specs = parse_report(&text).map_err(|e| NodeError::Failed { what: "e2e.test's report".into(), output: e })?;
+    let specs = parse_report(&text).map_err(|e| NodeError::Failed { what: "ginkgo's report".into(), output: e })?;
     Ok(E2eRun { specs, took })
 }
 
@@ -277,9 +283,9 @@ impl Comparison {
 /// Runs `selection` with kubeadm's kube-proxy, swaps the image (`kubectl set image`), and runs
 /// it again; reports and logs go under `dir`.
 pub fn compare(s: &mut NodeScenario, selection: Selection, dir: &Path) -> Result<Comparison, ClusterError> {
-    let reference = run_suite(s, &selection, &dir.join("kube-proxy"))?;
+    let reference = run_suite(s, &selection, PARALLEL, &dir.join("kube-proxy"))?;
     s.swap_image(NFTPROXY_IMAGE)?;
-    let nftproxy = run_suite(s, &selection, &dir.join("nftproxy"))?;
+    let nftproxy = run_suite(s, &selection, PARALLEL, &dir.join("nftproxy"))?;
     Ok(Comparison { selection, reference, nftproxy })
 }
 

@@ -62,6 +62,8 @@ pub struct NodeSpec {
     pub kubeconfig: String,
     /// The cluster's DNS Service address (kubelet's `clusterDNS`).
     pub cluster_dns: Ipv4Addr,
+    /// The iptables the node's distribution uses.
+    pub iptables: config::IptablesBackend,
 }
 
 /// A running node: its mount namespace, containerd and kubelet.
@@ -130,7 +132,17 @@ impl Node {
         let disk = self.file("disk");
         std::fs::create_dir_all(&disk)?;
         let hierarchies = cgroup::hierarchies()?;
-        self.anchor = Some(Anchor::start(&self.spec.netns, &self.cgroups.procs_file()?, &disk, &hierarchies)?);
+        let anchor = Anchor::start(&self.spec.netns, &self.cgroups.procs_file()?, &disk, &hierarchies)?;
+        for [name, path] in self.spec.iptables.alternatives() {
+            let out = anchor.command("update-alternatives").args(["--set", name, path]).output()?;
+            if !out.status.success() {
+                return Err(NodeError::Failed {
+                    what: format!("update-alternatives --set {name} {path}"),
+                    output: String::from_utf8_lossy(&out.stderr).into_owned(),
+                });
+            }
+        }
+        self.anchor = Some(anchor);
         self.start_containerd()
     }
 
@@ -208,8 +220,13 @@ impl Node {
             Ok(std::process::Command::new("ip").args(["netns", "exec", &ns, program]).args(args).output()?)
         };
         in_ns("nft", &["flush", "ruleset"])?;
-        for tool in ["iptables-legacy", "ip6tables-legacy"] {
-            for table in ["filter", "nat", "mangle", "raw"] {
+        // The legacy tables that exist (asking for another would create it): emptied, as a
+        // boot leaves them.
+        for (tool, names) in
+            [("iptables-legacy", "/proc/net/ip_tables_names"), ("ip6tables-legacy", "/proc/net/ip6_tables_names")]
+        {
+            let tables = in_ns("cat", &[names])?;
+            for table in String::from_utf8_lossy(&tables.stdout).split_whitespace() {
                 in_ns(tool, &["-t", table, "-F"])?;
                 in_ns(tool, &["-t", table, "-X"])?;
             }

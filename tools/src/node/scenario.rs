@@ -13,6 +13,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use super::cluster::{ClusterError, NodeCluster};
+use super::config::IptablesBackend;
 use super::error::NodeError;
 use super::kubeadm;
 use super::probe::{Ask, ProbeReport, Prober, Target};
@@ -63,9 +64,9 @@ pub struct NodeScenario {
 impl NodeScenario {
     /// Boots `nodes` with `images`, installs kubeadm's kube-proxy (nftables mode) and CoreDNS
     /// addons as kubeadm writes them, and waits until both serve.
-    pub fn start(nodes: &[&str], images: &[PathBuf]) -> Result<NodeScenario, ClusterError> {
+    pub fn start(nodes: &[(&str, IptablesBackend)], images: &[PathBuf]) -> Result<NodeScenario, ClusterError> {
         let started = Instant::now();
-        let cluster = NodeCluster::start(nodes, images)?;
+        let cluster = NodeCluster::start_with(nodes, images)?;
         let dir = tempfile::Builder::new().prefix("nftproxy-scenario-").tempdir().map_err(NodeError::from)?;
         let mut s = NodeScenario { cluster, dir, records: Vec::new() };
         let config = kubeadm::configuration(
@@ -359,6 +360,15 @@ impl NodeScenario {
                 ));
             }
             notes.push(format!("{node}: `nftproxy check --api` in {pod}: {summary}"));
+            let log = self.cluster.cp.kubectl(&["-n", namespace, "logs", &pod])?;
+            let log = String::from_utf8_lossy(&log.stdout).to_string();
+            let said: Vec<&str> = log.lines().filter(|l| l.contains(" WARN ") || l.contains(" ERROR ")).collect();
+            notes.push(format!(
+                "{node}: {pod}'s log: {} lines, {} warnings or errors{}",
+                log.lines().count(),
+                said.len(),
+                said.iter().take(5).map(|l| format!("; `{}`", l.trim())).collect::<String>()
+            ));
         }
         if problems.is_empty() {
             Ok(notes)
@@ -609,7 +619,10 @@ pub struct Outcome {
 /// the longer path, then node events under nftproxy's own DaemonSet. Stops at the first error.
 /// The cluster is gone when it returns.
 pub fn run(images: &[PathBuf]) -> Outcome {
-    let mut s = match NodeScenario::start(&["node1", "node2"], images) {
+    // node2's distribution uses iptables-legacy: kubelet writes its chains there, and so does
+    // kube-proxy in iptables mode (its image follows kubelet).
+    let nodes = [("node1", IptablesBackend::Nft), ("node2", IptablesBackend::Legacy)];
+    let mut s = match NodeScenario::start(&nodes, images) {
         Ok(s) => s,
         Err(e) => return Outcome { records: Vec::new(), error: Some(e.to_string()) },
     };
@@ -624,6 +637,13 @@ fn run_phases(s: &mut NodeScenario) -> Result<(), ClusterError> {
     s.note(notes);
     s.probed("the way back: hand-back DaemonSet, kubectl rollout undo", true, NodeScenario::roll_back)?;
     let notes = s.verify_kube_proxy_serves()?;
+    s.note(notes);
+    s.kube_proxy_iptables_mode()?;
+    s.probed("migration from iptables mode (node2 on iptables-legacy): kubectl set image", true, |s| {
+        s.swap_image(NFTPROXY_IMAGE)
+    })?;
+    let mut notes = s.verify_no_iptables_leftovers()?;
+    notes.extend(s.verify_nftproxy_serves("kube-system", "k8s-app=kube-proxy")?);
     s.note(notes);
     s.without_proxy()?;
     s.probed("the longer path: kubectl apply -k deploy/ on nodes without rules", false, NodeScenario::longer_path)?;
@@ -674,4 +694,92 @@ pub fn to_markdown(records: &[PhaseRecord]) -> String {
         }
     }
     out
+}
+
+impl NodeScenario {
+    /// kubeadm's kube-proxy switched to iptables mode (its ConfigMap's `mode`, its pods
+    /// restarted): upstream removes its nftables table and writes `KUBE-` chains with the
+    /// node's iptables, iptables-legacy on a node whose distribution uses it.
+    pub fn kube_proxy_iptables_mode(&mut self) -> Result<(), ClusterError> {
+        let started = Instant::now();
+        let text = self.kubectl(&["-n", "kube-system", "get", "configmap", "kube-proxy", "-o", "json"])?;
+        let cm: serde_json::Value = serde_json::from_str(&text)
+            .map_err(|e| NodeError::Failed { what: "kube-proxy's ConfigMap".into(), output: e.to_string() })?;
+        let config = cm["data"]["config.conf"].as_str().unwrap_or_default();
+        if !config.contains("mode: nftables") {
+            return Err(NodeError::Failed { what: "kube-proxy's ConfigMap".into(), output: config.to_string() }.into());
+        }
+        let patch = serde_json::json!({"data": {"config.conf": config.replace("mode: nftables", "mode: iptables")}});
+        self.kubectl(&[
+            "-n",
+            "kube-system",
+            "patch",
+            "configmap",
+            "kube-proxy",
+            "--type=merge",
+            "-p",
+            &patch.to_string(),
+        ])?;
+        self.kubectl(&["-n", "kube-system", "rollout", "restart", "daemonset/kube-proxy"])?;
+        self.rollout("daemonset/kube-proxy", Duration::from_secs(240))?;
+        self.wait_until_served(Duration::from_secs(120))?;
+        let mut notes =
+            vec!["kube-proxy's ConfigMap: mode: iptables; kubectl rollout restart daemonset/kube-proxy".to_string()];
+        for node in &self.cluster.nodes {
+            let save = match node.spec.iptables {
+                IptablesBackend::Nft => "iptables-nft-save",
+                IptablesBackend::Legacy => "iptables-legacy-save",
+            };
+            let out = node.exec(save, &["-t", "nat"])?;
+            let text = String::from_utf8_lossy(&out.stdout);
+            let chains = text.lines().filter(|l| l.starts_with(":KUBE-")).count();
+            if !text.contains(":KUBE-SERVICES") {
+                return Err(NodeError::Failed {
+                    what: format!("kube-proxy's iptables-mode chains on {} ({save})", node.spec.name),
+                    output: text.into_owned(),
+                }
+                .into());
+            }
+            notes.push(format!("{}: {save} -t nat holds {chains} KUBE- chains", node.spec.name));
+        }
+        self.records.push(PhaseRecord {
+            name: "kube-proxy in iptables mode (node2's distribution on iptables-legacy)".into(),
+            took: started.elapsed(),
+            notes,
+            ..PhaseRecord::default()
+        });
+        Ok(())
+    }
+
+    /// After the takeover from iptables mode: no chain of kube-proxy's in either backend on any
+    /// node, kubelet's still there.
+    pub fn verify_no_iptables_leftovers(&self) -> Result<Vec<String>, ClusterError> {
+        let mut notes = Vec::new();
+        for node in &self.cluster.nodes {
+            for save in ["iptables-nft-save", "iptables-legacy-save"] {
+                let out = node.exec(save, &[])?;
+                let text = String::from_utf8_lossy(&out.stdout);
+                let left: Vec<&str> = text
+                    .lines()
+                    .filter_map(|l| l.strip_prefix(':'))
+                    .filter_map(|l| l.split_whitespace().next())
+                    .filter(|c| {
+                        c.starts_with("KUBE-")
+                            && !["KUBE-FIREWALL", "KUBE-KUBELET-CANARY", "KUBE-IPTABLES-HINT", "KUBE-MARK-DROP"]
+                                .contains(c)
+                    })
+                    .collect();
+                if !left.is_empty() {
+                    return Err(NodeError::Failed {
+                        what: format!("kube-proxy's chains left on {} ({save})", node.spec.name),
+                        output: text.into_owned(),
+                    }
+                    .into());
+                }
+                let kubelet = text.lines().filter(|l| l.starts_with(":KUBE-")).count();
+                notes.push(format!("{}: {save}: no chain of kube-proxy's; kubelet's {kubelet} stay", node.spec.name));
+            }
+        }
+        Ok(notes)
+    }
 }
