@@ -485,18 +485,5 @@ impl ClusterLab {
 /// set, else what the script builds or has cached (well under a second once cached; about 5
 /// minutes on a fresh 2-core machine).
 pub fn operator_bin(name: &str) -> PathBuf {
-    static DIR: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
-    let dir = DIR.get_or_init(|| {
-        if let Some(dir) = std::env::var_os("NFTPROXY_OPERATOR_BIN") {
-            return dir.into();
-        }
-        let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/operator-bins");
-        let out = std::process::Command::new(&script)
-            .stderr(std::process::Stdio::inherit())
-            .output()
-            .unwrap_or_else(|e| panic!("{}: {e}", script.display()));
-        assert!(out.status.success(), "{} exited with {}", script.display(), out.status);
-        PathBuf::from(String::from_utf8_lossy(&out.stdout).lines().last().unwrap_or("").trim())
-    });
-    dir.join(name)
+    nftproxy_tools::controlplane::operator_bin(name).unwrap_or_else(|e| panic!("{e}"))
 }

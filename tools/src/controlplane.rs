@@ -96,6 +96,27 @@ impl UpstreamBins {
     }
 }
 
+/// Helm's and promtool's binaries (`scripts/operator-bins`): the one named, from
+/// `$NFTPROXY_OPERATOR_BIN` when set, else from what the script builds or has cached.
+pub fn operator_bin(name: &str) -> Result<PathBuf, ControlPlaneError> {
+    static DIR: std::sync::OnceLock<Result<PathBuf, String>> = std::sync::OnceLock::new();
+    let dir = DIR.get_or_init(|| {
+        if let Some(dir) = std::env::var_os("NFTPROXY_OPERATOR_BIN") {
+            return Ok(dir.into());
+        }
+        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/operator-bins");
+        let out = Command::new(&script)
+            .stderr(Stdio::inherit())
+            .output()
+            .map_err(|e| format!("{}: {e}", script.display()))?;
+        if !out.status.success() {
+            return Err(format!("{} exited with {}", script.display(), out.status));
+        }
+        Ok(PathBuf::from(String::from_utf8_lossy(&out.stdout).lines().last().unwrap_or("").trim()))
+    });
+    dir.as_ref().map(|d| d.join(name)).map_err(|e| ControlPlaneError::Binaries(e.clone()))
+}
+
 /// A process of the control plane, killed (by PID) on drop.
 struct Process {
     what: &'static str,

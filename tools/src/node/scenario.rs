@@ -654,6 +654,9 @@ fn run_phases(s: &mut NodeScenario) -> Result<(), ClusterError> {
     s.probed("rolling update of nftproxy's DaemonSet to another build", true, |s| s.roll_out(NFTPROXY_ROLLOUT_IMAGE))?;
     let notes = s.verify_nftproxy_serves("kube-system", "app.kubernetes.io/name=nftproxy")?;
     s.note(notes);
+    s.probed("the Helm chart in place of the kustomization", true, NodeScenario::helm_chart)?;
+    let notes = s.verify_nftproxy_serves("kube-system", "app.kubernetes.io/name=nftproxy")?;
+    s.note(notes);
     s.probed("node2 rebooted (containers, rules and conntrack gone)", false, |s| s.reboot("node2"))?;
     Ok(())
 }
@@ -779,6 +782,59 @@ impl NodeScenario {
                 let kubelet = text.lines().filter(|l| l.starts_with(":KUBE-")).count();
                 notes.push(format!("{}: {save}: no chain of kube-proxy's; kubelet's {kubelet} stay", node.spec.name));
             }
+        }
+        Ok(notes)
+    }
+}
+
+impl NodeScenario {
+    /// nftproxy's own DaemonSet replaced by the Helm chart's (`deploy/chart`), as an operator
+    /// moving to Helm does: `kubectl delete -k` of the kustomization (nftproxy's rules stay in
+    /// the kernel meanwhile), then `helm template … | kubectl apply -f -` with the API server's
+    /// address; the new pods claim the tables.
+    pub fn helm_chart(&mut self) -> Result<Vec<String>, ClusterError> {
+        let deploy = self.dir().join("deploy");
+        self.kubectl_dir("delete", &deploy)?;
+        let helm = crate::controlplane::operator_bin("helm")?;
+        let chart = deploy_dir().join("chart");
+        let host = format!("apiServer.host={}", self.cluster.cp.ip);
+        let port = format!("apiServer.port={}", crate::controlplane::API_PORT);
+        let out = std::process::Command::new(&helm)
+            .arg("template")
+            .arg("nftproxy")
+            .arg(&chart)
+            .args(["-n", "kube-system", "--set", &host, "--set", &port])
+            .output()
+            .map_err(|e| NodeError::Setup(format!("cannot run {}: {e}", helm.display())))?;
+        if !out.status.success() {
+            return Err(NodeError::Failed {
+                what: "helm template".into(),
+                output: String::from_utf8_lossy(&out.stderr).into_owned(),
+            }
+            .into());
+        }
+        self.cluster.cp.apply(&String::from_utf8_lossy(&out.stdout))?;
+        self.rollout("daemonset/nftproxy", Duration::from_secs(240))?;
+        let mut notes = vec![
+            "kubectl delete -k deploy/".to_string(),
+            format!(
+                "helm template nftproxy deploy/chart -n kube-system --set {host} --set {port} | kubectl apply -f -"
+            ),
+        ];
+        for node in &self.cluster.nodes {
+            let metrics = node.exec("curl", &["-s", "-m", "5", "http://127.0.0.1:10249/metrics"])?;
+            let text = String::from_utf8_lossy(&metrics.stdout);
+            let conflicts = text
+                .lines()
+                .find(|l| l.starts_with("nftproxy_check_findings{severity=\"conflict\"}"))
+                .unwrap_or("nftproxy_check_findings{severity=\"conflict\"} (absent)")
+                .to_string();
+            if !conflicts.ends_with(" 0") {
+                return Err(
+                    NodeError::Failed { what: format!("{}'s /metrics", node.spec.name), output: conflicts }.into()
+                );
+            }
+            notes.push(format!("{}: {conflicts}", node.spec.name));
         }
         Ok(notes)
     }
