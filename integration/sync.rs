@@ -432,7 +432,9 @@ fn an_affinity_port_growing_into_empty_slot_groups_gets_the_maps_they_name() {
     // 1,252: 1,565 slots in 7 groups. The new endpoints take the free slots of groups 3 and 4,
     // so their shards are past their load, and groups 5 and 6 are new and empty: their windows
     // go wherever one is free, and their chains name that shard's maps (the fake kernel refuses
-    // a rule naming a map that does not exist).
+    // a rule naming a map that does not exist). With maps of about 256 endpoints they share
+    // shards that endpoints use; a window alone in a new shard is the planner's test
+    // `an_empty_slot_group_alone_in_a_new_shard_gets_the_maps_its_rules_name`.
     change(&mut r, |s| {
         s.upsert_slice(cluster::slice(3, 1252, 0));
     });

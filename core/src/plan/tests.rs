@@ -10,6 +10,7 @@ use crate::nft::diff::{Transaction, diff};
 use crate::nft::kernel_model;
 use crate::nft::lower::lower_ruleset;
 use crate::nft::wire::WireRuleset;
+use crate::plan::objects::SharedSet;
 use crate::plan::placement::Placement;
 
 fn wire(plan: &Plan) -> WireRuleset {
@@ -273,6 +274,51 @@ fn every_endpoint_of_a_large_affine_port_is_reached_and_recorded_in_its_slot() {
             assert_eq!(*slot, want, "{ep} is recorded in its own slot");
         }
     }
+}
+
+/// An empty slot group whose window sits alone in a shard no endpoint uses (a port grown
+/// into new groups when every shard was past its load, or a restart finding it there) still
+/// gets that shard's maps: its rules name them, and the kernel refuses a rule that names a
+/// missing set. (The sync test of a port growing into empty groups no longer reaches this case
+/// with maps of about 256 endpoints, so it is built here from the placement.)
+#[test]
+fn an_empty_slot_group_alone_in_a_new_shard_gets_the_maps_its_rules_name() {
+    // 1,252 endpoints: 1,565 slots in 7 groups, groups 5 and 6 without an endpoint.
+    let state = state(&affine_service("many", "172.30.9.9", 1252, true));
+    let mut placement = Placement::new();
+    plan_after(&config(), &state, &mut placement);
+    let mut windows: Vec<_> = placement.windows().collect();
+    let empty = windows.iter().position(|(id, _)| id.part == 6).expect("group 6 has a window");
+    let lone = windows.iter().map(|(_, slot)| slot.shard).max().unwrap_or(0) + 1;
+    windows[empty].1 = placement::Slot { shard: lone, offset: 0 };
+    let group = names::group_chain(&windows[empty].0.chain, 6);
+    // As a restart finds it: the window stays where the kernel has it.
+    let (c, v4, v6) = (config(), NodePorts::MatchAll, NodePorts::MatchAll);
+    let input = PlanInput { config: &c, state: &state, nodeports_v4: &v4, nodeports_v6: &v6 };
+    let families = families(&input);
+    let demands = state.services().map(|svc| (svc.name.clone(), demands(&input, &families, svc)));
+    let found = Placement::settle(windows, placement.affinity_slots().collect::<Vec<_>>(), demands);
+    let planned = plan_placed(&input, &found);
+    assert_eq!(found.windows().filter(|(_, slot)| slot.shard == lone).count(), 1, "alone in shard {lone}");
+
+    let names = [
+        SharedSet::EndpointMap(lone).name().into_owned(),
+        SharedSet::SlotWindows(lone).name().into_owned(),
+        SharedSet::SlotTargets(lone).name().into_owned(),
+    ];
+    let table = &planned.ruleset.tables[0];
+    let text = planned.ruleset.to_string();
+    let rules =
+        text.split(&format!("chain {group} {{")).nth(1).and_then(|c| c.split("\n\t}").next()).expect("group 6's chain");
+    for name in &names {
+        let set = table.sets.get(name.as_str()).unwrap_or_else(|| panic!("{name} missing"));
+        assert!(set.elements.is_empty(), "{name} holds no endpoint");
+        assert!(found.maps().contains(&(IpFamily::V4, SharedSet::from_name(name).unwrap())), "{name}");
+    }
+    assert!(rules.contains(&format!("@{}", names[0])) && rules.contains(&format!("@{}", names[1])), "{rules}");
+    // The kernel's rules accept the plan from nothing, and from the plan before.
+    transition(&Plan::default(), &planned);
+    transition(&plan(&input), &planned);
 }
 
 /// A balanced port of thousands of endpoints (no affinity) gets its map and rule for its
