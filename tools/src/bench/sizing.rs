@@ -40,6 +40,10 @@ pub struct Row {
     pub restart: Duration,
     pub restart_cpu: Duration,
     pub restart_peak_rss: u64,
+    /// The first sync itself (its `synced` line: planning to commit) and the kernel's share.
+    pub sync: (Duration, Duration),
+    /// The same of the restart's first sync.
+    pub restart_sync: (Duration, Duration),
 }
 
 /// The memory request and limit derived from a table, in MiB.
@@ -53,6 +57,16 @@ fn progress(what: &str) {
     eprintln!("bench: {what}");
 }
 
+/// One start of `run` to its first sync: the time, CPU and memory, and the sync's own time with
+/// the kernel's share.
+struct Started {
+    took: Duration,
+    cpu: Duration,
+    peak: u64,
+    rss: u64,
+    sync: (Duration, Duration),
+}
+
 /// `run --manifests` at `size` in a fresh namespace, to its first sync; stopped (SIGTERM: the
 /// rules stay), then started again over them.
 fn measure_size(size: Size, files: &Files) -> Result<Row, BenchError> {
@@ -60,30 +74,32 @@ fn measure_size(size: Size, files: &Files) -> Result<Row, BenchError> {
     let ns = Netns::create("sizing")?;
     let mut args = vec!["run".to_string(), "--manifests".into(), path.display().to_string()];
     args.extend(run_flags());
-    let start = |what: &str| -> Result<(Duration, Duration, u64, u64), BenchError> {
+    let start = |what: &str| -> Result<Started, BenchError> {
         progress(&format!("sizing: {what} at {size}"));
         let started = Instant::now();
         let mut agent = Agent::start(&ns, &args)?;
-        agent.next_commit(Duration::from_secs(900))?;
+        let (commit, _) = agent.next_commit(Duration::from_secs(900))?;
         let took = started.elapsed();
         let cpu = agent.cpu();
         std::thread::sleep(Duration::from_secs(1));
         let (peak, rss) = (agent.peak_rss(), agent.rss());
         agent.stop();
-        Ok((took, cpu, peak, rss))
+        Ok(Started { took, cpu, peak, rss, sync: (commit.took, commit.kernel) })
     };
-    let (first_sync, first_sync_cpu, peak_rss, rss) = start("run --manifests, first sync")?;
-    let (restart, restart_cpu, restart_peak_rss, _) = start("restart over its rules")?;
+    let first = start("run --manifests, first sync")?;
+    let restart = start("restart over its rules")?;
     Ok(Row {
         size,
         file: file_size(&path),
-        first_sync,
-        first_sync_cpu,
-        peak_rss,
-        rss,
-        restart,
-        restart_cpu,
-        restart_peak_rss,
+        first_sync: first.took,
+        first_sync_cpu: first.cpu,
+        peak_rss: first.peak,
+        rss: first.rss,
+        restart: restart.took,
+        restart_cpu: restart.cpu,
+        restart_peak_rss: restart.peak,
+        sync: first.sync,
+        restart_sync: restart.sync,
     })
 }
 
@@ -118,8 +134,11 @@ pub fn resources(peaks: &[(Size, u64)]) -> Option<Resources> {
     Some(Resources { request_mib: round_up(request, 16), limit_mib: round_up(limit * LIMIT_HEADROOM, 64) })
 }
 
-/// The first line of the sizing table, as `table` writes it (the deploy test finds the table by it).
+/// The start of the sizing table's first line, as `table` writes it (the deploy test finds the
+/// table by it; tables since 2026-11-28 have two more columns after it).
 pub const TABLE_HEAD: &str = "| Services × endpoints | manifests | first sync | its CPU | peak RSS | RSS running | restart: first sync | its CPU | its peak RSS |";
+/// The columns after [`TABLE_HEAD`]: each first sync's own duration and its kernel's share.
+const SYNC_COLUMNS: &str = " the sync itself (kernel) | restart: the sync itself (kernel) |";
 
 /// The table, then the requests and limits it gives.
 pub fn table(rows: &[Row]) -> String {
@@ -128,15 +147,20 @@ pub fn table(rows: &[Row]) -> String {
         "`nftproxy run --manifests` on the synthetic cluster of each size, in a fresh network namespace: from \
          the process's start to the end of its first sync, the CPU time it used to get there, its peak RSS \
          (`VmHWM`) and its RSS a second later; then the process stopped (SIGTERM: the rules stay) and a new \
-         one started over the rules in the kernel, as a DaemonSet rollout restarts it.\n\n",
+         one started over the rules in the kernel, as a DaemonSet rollout restarts it. The last two \
+         columns are each first sync itself, as its `synced` line gives it (planning to the kernel's \
+         answer, after the manifests were read), and in brackets the kernel's share (`kernel_ms`: the \
+         transaction sent to its answer).\n\n",
     );
     out.push_str(TABLE_HEAD);
+    out.push_str(SYNC_COLUMNS);
     out.push('\n');
-    out.push_str("|---|---:|---:|---:|---:|---:|---:|---:|---:|\n");
+    out.push_str("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
     for r in rows {
+        let sync = |(took, kernel): (Duration, Duration)| format!("{} ({})", ms(took), ms(kernel));
         let _ = writeln!(
             out,
-            "| {} | {} | {} | {} | {} | {} | {} | {} | {} |",
+            "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
             r.size,
             mib(r.file),
             ms(r.first_sync),
@@ -145,7 +169,9 @@ pub fn table(rows: &[Row]) -> String {
             mib(r.rss),
             ms(r.restart),
             ms(r.restart_cpu),
-            mib(r.restart_peak_rss)
+            mib(r.restart_peak_rss),
+            sync(r.sync),
+            sync(r.restart_sync)
         );
     }
     let peaks: Vec<(Size, u64)> = rows.iter().map(|r| (r.size, r.peak_rss.max(r.restart_peak_rss))).collect();
@@ -229,9 +255,12 @@ mod tests {
             restart: Duration::from_millis(900),
             restart_cpu: Duration::from_millis(800),
             restart_peak_rss: peak + (3 << 20),
+            sync: (Duration::from_millis(500), Duration::from_millis(300)),
+            restart_sync: (Duration::from_millis(400), Duration::from_millis(10)),
         };
         let text = table(&[row(1000, 20 << 20), row(50_000, 300 << 20)]);
         assert_eq!(peaks_in(&text), [(size(1000, 10), 23 << 20), (size(50_000, 10), 303 << 20)]);
+        assert!(text.contains("| 500 ms (300 ms) | 400 ms (10.0 ms) |"), "{text}");
         assert!(text.contains("memory limit **512Mi**"), "{text}");
     }
 }
