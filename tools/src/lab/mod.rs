@@ -20,18 +20,39 @@ pub use topology::{Lab, LabClient, LabNode, LabPod};
 /// Deletes lab namespaces left behind by processes that no longer exist (a crashed or killed
 /// demo or test): names are `nftp-<role>-<pid>-<n>`.
 pub fn cleanup_stale() {
-    let Ok(out) = std::process::Command::new("ip").args(["netns", "list"]).output() else { return };
-    for line in String::from_utf8_lossy(&out.stdout).lines() {
-        let name = line.split_whitespace().next().unwrap_or("");
-        let mut parts = name.split('-');
-        if parts.next() != Some("nftp") {
-            continue;
-        }
-        let pid = parts.nth(1).and_then(|p| p.parse::<u32>().ok());
-        if let Some(pid) = pid
-            && !std::path::Path::new(&format!("/proc/{pid}")).exists()
-        {
-            let _ = std::process::Command::new("ip").args(["netns", "delete", name]).output();
+    for (name, pid) in lab_namespaces() {
+        if !std::path::Path::new(&format!("/proc/{pid}")).exists() {
+            let _ = std::process::Command::new("ip").args(["netns", "delete", &name]).output();
         }
     }
+}
+
+/// Kills every process in this process's lab namespaces and deletes them: the way out of a
+/// run interrupted by a signal, when the lab's own drops cannot run (a control plane, nodes and
+/// their daemons all live in those namespaces).
+pub fn remove_own() {
+    let own = std::process::id();
+    for (name, _) in lab_namespaces().into_iter().filter(|(_, pid)| *pid == own) {
+        if let Ok(out) = std::process::Command::new("ip").args(["netns", "pids", &name]).output() {
+            for pid in String::from_utf8_lossy(&out.stdout).split_whitespace().filter_map(|p| p.parse::<i32>().ok()) {
+                let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGKILL);
+            }
+        }
+        let _ = std::process::Command::new("ip").args(["netns", "delete", &name]).output();
+    }
+}
+
+/// The lab's namespaces here, with the PID of the process that made each.
+fn lab_namespaces() -> Vec<(String, u32)> {
+    let Ok(out) = std::process::Command::new("ip").args(["netns", "list"]).output() else { return Vec::new() };
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|line| {
+            let name = line.split_whitespace().next()?;
+            let mut parts = name.split('-');
+            (parts.next() == Some("nftp")).then_some(())?;
+            let pid = parts.nth(1)?.parse::<u32>().ok()?;
+            Some((name.to_string(), pid))
+        })
+        .collect()
 }

@@ -219,8 +219,19 @@ fn collect_dirs(dir: &Path, out: &mut Vec<PathBuf>) {
 /// Removes the cgroup roots of nodes whose process is gone (a crashed or killed test): names are
 /// `nftp-<node>-<pid>`, as for the lab's namespaces.
 pub fn cleanup_stale() {
+    remove_where(|pid| !Path::new(&format!("/proc/{pid}")).exists());
+}
+
+/// Kills every process in this process's node cgroups and removes them (an interrupted run).
+pub fn remove_own() {
+    let own = std::process::id();
+    remove_where(|pid| pid == own);
+}
+
+/// Removes the node cgroup roots whose maker's PID `pick`s.
+fn remove_where(pick: impl Fn(u32) -> bool) {
     let Ok(hierarchies) = hierarchies() else { return };
-    let mut stale = std::collections::BTreeSet::new();
+    let mut chosen = std::collections::BTreeSet::new();
     for h in &hierarchies {
         let Ok(entries) = std::fs::read_dir(Path::new(CGROUP_FS).join(&h.dir)) else { continue };
         for entry in entries.flatten() {
@@ -230,13 +241,13 @@ pub fn cleanup_stale() {
                 continue;
             }
             if let Some(pid) = parts.nth(1).and_then(|p| p.parse::<u32>().ok())
-                && !Path::new(&format!("/proc/{pid}")).exists()
+                && pick(pid)
             {
-                stale.insert(name);
+                chosen.insert(name);
             }
         }
     }
-    for name in stale {
+    for name in chosen {
         drop(CgroupRoot { name, hierarchies: hierarchies.clone() });
     }
 }

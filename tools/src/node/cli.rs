@@ -71,7 +71,25 @@ pub fn run(args: &NodesArgs) -> Result<(), String> {
     Ok(())
 }
 
+/// On SIGINT or SIGTERM, a long run (the scenario, the e2e runs) stops at once: every process in
+/// its namespaces and node cgroups killed, both removed, exit 130. (A held cluster stops through
+/// its own drops instead.)
+fn clean_up_on_signal() -> Result<(), String> {
+    let mut signals = signal_hook::iterator::Signals::new([signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM])
+        .map_err(|e| e.to_string())?;
+    std::thread::spawn(move || {
+        if signals.forever().next().is_some() {
+            eprintln!("interrupted: removing the nodes, the control plane and their namespaces");
+            super::cgroup::remove_own();
+            crate::lab::remove_own();
+            std::process::exit(130);
+        }
+    });
+    Ok(())
+}
+
 fn run_scenario(images: &[PathBuf], results: &std::path::Path) -> Result<(), String> {
+    clean_up_on_signal()?;
     let started = std::time::SystemTime::now();
     let scenario::Outcome { records, error } = scenario::run(images);
     let failing: Vec<&str> =
@@ -125,6 +143,7 @@ pub fn run_e2e(args: &E2eArgs) -> Result<(), String> {
     .map_err(|e| e.to_string())?;
     let images: Vec<PathBuf> = images.all().iter().map(|i| i.archive.clone()).collect();
     let selection = if args.wide { super::e2e::Selection::wide() } else { super::e2e::Selection::conformance() };
+    clean_up_on_signal()?;
     let started = std::time::SystemTime::now();
     let nodes = [("node1", super::config::IptablesBackend::Nft), ("node2", super::config::IptablesBackend::Nft)];
     let mut s = NodeScenario::start(&nodes, &images).map_err(|e| e.to_string())?;
