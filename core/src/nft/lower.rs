@@ -2,7 +2,7 @@
 //! userdata nft 1.0.6 would produce for the same nft text, so `nft list ruleset` decompiles our
 //! tables exactly as [`super::render`] prints them. One deliberate difference: a session
 //! affinity rule loads the client and its slot once and its lookups and update read the same
-//! registers ([`Held`]), where nft would load them again for each; nft decompiles registers,
+//! registers (`Held`), where nft would load them again for each; nft decompiles registers,
 //! not text, so its listing is the same.
 
 use std::collections::BTreeMap;
