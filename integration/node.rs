@@ -9,19 +9,19 @@
 use crate::common::*;
 use nftproxy_tools::node::scenario;
 
+/// The image archives the nodes import (`scripts/images`).
+fn images() -> Vec<std::path::PathBuf> {
+    let images = nftproxy_tools::images::Images::locate().expect("the images (scripts/images)");
+    images.all().iter().map(|i| i.archive.clone()).collect()
+}
+
 #[test]
 fn kubeadms_kube_proxy_swapped_rolled_back_and_the_longer_path_on_real_nodes() {
     if skip_unless_privileged() {
         return;
     }
     let _one = crate::control_plane::ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
-    let images: Vec<std::path::PathBuf> = nftproxy_tools::images::Images::locate()
-        .expect("the images (scripts/images)")
-        .all()
-        .iter()
-        .map(|i| i.archive.clone())
-        .collect();
-    let outcome = scenario::run(&images);
+    let outcome = scenario::run(&images());
     let report = scenario::to_markdown(&outcome.records);
     if let Some(e) = &outcome.error {
         panic!("{e}\nphases so far:\n{report}");
@@ -47,14 +47,8 @@ fn upstreams_conformance_specs_pass_with_nftproxy_where_they_pass_with_kube_prox
         return;
     }
     let _one = crate::control_plane::ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
-    let images: Vec<std::path::PathBuf> = nftproxy_tools::images::Images::locate()
-        .expect("the images (scripts/images)")
-        .all()
-        .iter()
-        .map(|i| i.archive.clone())
-        .collect();
     let nodes = [("node1", IptablesBackend::Nft), ("node2", IptablesBackend::Nft)];
-    let mut s = scenario::NodeScenario::start(&nodes, &images).expect("the cluster");
+    let mut s = scenario::NodeScenario::start(&nodes, &images()).expect("the cluster");
     let dir = s.dir().join("e2e");
     let comparison = match e2e::compare(&mut s, e2e::Selection::conformance(), &dir) {
         Ok(c) => c,

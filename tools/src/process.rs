@@ -12,6 +12,7 @@ use nix::unistd::Pid;
 /// A child process leading a process group of its own: upstream kube-proxy's `nft` and
 /// `iptables-restore` children stop with it (an `iptables-restore` of 44,000 services outlives
 /// a killed parent). Killed with its group when dropped.
+#[derive(Debug)]
 pub struct ProcessGroup {
     child: Child,
     /// Waited for: its PID (its process group's ID) may be another process's now.

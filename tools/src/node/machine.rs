@@ -3,7 +3,7 @@
 
 use std::net::Ipv4Addr;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Output, Stdio};
+use std::process::{Output, Stdio};
 use std::time::{Duration, Instant};
 
 use super::anchor::{self, Anchor};
@@ -11,36 +11,7 @@ use super::cgroup::{self, CgroupRoot};
 use super::config;
 use super::error::NodeError;
 use crate::controlplane::UpstreamBins;
-
-/// A daemon of the node (containerd, kubelet), stopped on drop.
-#[derive(Debug)]
-struct Daemon {
-    child: Child,
-}
-
-impl Daemon {
-    /// SIGTERM, then SIGKILL after `grace`.
-    fn stop(mut self, grace: Duration) {
-        let pid = nix::unistd::Pid::from_raw(i32::try_from(self.child.id()).unwrap_or(i32::MAX));
-        let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM);
-        let deadline = Instant::now() + grace;
-        while Instant::now() < deadline {
-            if matches!(self.child.try_wait(), Ok(Some(_))) {
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-impl Drop for Daemon {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
+use crate::process::ProcessGroup;
 
 /// The last lines of a log file.
 fn tail(path: &Path, lines: usize) -> String {
@@ -75,8 +46,8 @@ pub struct Node {
     dir: tempfile::TempDir,
     // Field order is drop order: the daemons, the namespace's holder, then the cgroups (which
     // kill whatever is left: shims and containers).
-    kubelet: Option<Daemon>,
-    containerd: Option<Daemon>,
+    kubelet: Option<ProcessGroup>,
+    containerd: Option<ProcessGroup>,
     anchor: Option<Anchor>,
     cgroups: CgroupRoot,
 }
@@ -151,19 +122,18 @@ impl Node {
     }
 
     /// Spawns a daemon inside the node, in its cgroup, logging to `<what>.log`.
-    fn spawn(&self, what: &str, program: &Path, args: &[String]) -> Result<Daemon, NodeError> {
+    fn spawn(&self, what: &str, program: &Path, args: &[String]) -> Result<ProcessGroup, NodeError> {
         let log = self.file(&format!("{what}.log"));
         let anchor = self.anchor()?;
-        let child = anchor::in_cgroup(&self.cgroups.procs_file()?, "nsenter")
+        let mut command = anchor::in_cgroup(&self.cgroups.procs_file()?, "nsenter");
+        command
             .args(["-t", &anchor.pid().to_string(), "-m", "-n", "--"])
             .arg(program)
             .args(args)
             .stdin(Stdio::null())
             .stdout(std::fs::OpenOptions::new().create(true).append(true).open(&log)?)
-            .stderr(std::fs::OpenOptions::new().create(true).append(true).open(&log)?)
-            .spawn()
-            .map_err(|e| NodeError::Setup(format!("cannot start {what}: {e}")))?;
-        Ok(Daemon { child })
+            .stderr(std::fs::OpenOptions::new().create(true).append(true).open(&log)?);
+        ProcessGroup::spawn(&mut command).map_err(|e| NodeError::Setup(format!("cannot start {what}: {e}")))
     }
 
     /// Starts (or starts again) containerd and waits until it answers.
@@ -175,7 +145,7 @@ impl Node {
 
     /// Stops containerd (SIGTERM): its shims, and so the pods, keep running.
     pub fn stop_containerd(&mut self) {
-        if let Some(d) = self.containerd.take() {
+        if let Some(mut d) = self.containerd.take() {
             d.stop(Duration::from_secs(10));
         }
     }
@@ -201,7 +171,7 @@ impl Node {
 
     /// Stops kubelet (SIGTERM): the pods keep running.
     pub fn stop_kubelet(&mut self) {
-        if let Some(d) = self.kubelet.take() {
+        if let Some(mut d) = self.kubelet.take() {
             d.stop(Duration::from_secs(10));
         }
     }
