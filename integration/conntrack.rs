@@ -257,6 +257,94 @@ fn flows_survive_a_restart_and_go_with_their_deleted_service() {
     drop(proxy);
 }
 
+// ---- TCP connections tried before the first sync ----
+
+/// Service default/<name>: port `http` 80/TCP → 8080 on `endpoint` (a pod on node1).
+fn tcp_service(name: &str, cluster_ip: &str, endpoint: &str) -> String {
+    format!(
+        r#"apiVersion: v1
+kind: Service
+metadata: {{name: {name}, namespace: default}}
+spec:
+  clusterIP: {cluster_ip}
+  ports:
+  - {{name: http, port: 80, protocol: TCP, targetPort: 8080}}
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata:
+  name: {name}-abcde
+  namespace: default
+  labels: {{kubernetes.io/service-name: {name}}}
+addressType: IPv4
+ports: [{{name: http, port: 8080, protocol: TCP}}]
+endpoints:
+- {{addresses: ["{endpoint}"], nodeName: node1}}
+---
+"#
+    )
+}
+
+/// node1's entry of the client's TCP connection from `sport` to `dst`, if there is one.
+fn tcp_flow(lab: &ClusterLab, sport: u16, dst: &str) -> Option<String> {
+    let out = lab.lab.node("node1").ns.exec("conntrack", &["-L", "-p", "tcp"]).unwrap();
+    let (ip, port) = dst.rsplit_once(':').unwrap();
+    let original = format!("src={CLIENT} dst={ip} sport={sport} dport={port} ");
+    String::from_utf8_lossy(&out.stdout).lines().find(|l| l.contains(&original)).map(str::to_string)
+}
+
+/// Opens a TCP connection from the client's port `sport` to `target`: the pod that answered.
+fn connect_from(lab: &ClusterLab, sport: u16, target: &str) -> std::io::Result<String> {
+    let local: SocketAddr = format!("0.0.0.0:{sport}").parse().unwrap();
+    let target: SocketAddr = target.parse().unwrap();
+    let ns = &lab.lab.client("client").unwrap().ns;
+    ns.run(move || traffic::tcp_ask_from(target, local, Duration::from_secs(1))).unwrap().map(|a| a.backend)
+}
+
+/// A node boots, its pods start, and they reach for a ClusterIP before the proxy has written
+/// a rule: the SYN goes out un-DNATed and its conntrack entry (SYN_SENT, never answered)
+/// stays two minutes. A client that comes back with the same source port in that time (the
+/// kernel hands ports out in sequence per destination) matches the old entry, whose NAT was
+/// decided once, and is never DNATed. The first pass deletes such entries: unanswered, sent
+/// to a frontend, and answered-from (reply source) the frontend itself.
+#[test]
+fn a_tcp_connection_tried_before_the_first_sync_is_dnated_when_its_tuple_comes_back() {
+    if skip_unless_privileged() {
+        return;
+    }
+    let lab = ClusterLab::new();
+    let node1 = &lab.lab.node("node1").ns;
+    // A node's CNI writes masquerade rules (the bridge plugin's ipMasq): conntrack tracks
+    // flows before any proxy runs.
+    node1.exec("nft", &["add table ip cni-masq"]).unwrap();
+    let chain = "add chain ip cni-masq postrouting { type nat hook postrouting priority srcnat ; }";
+    let masquerade = "add rule ip cni-masq postrouting ip saddr 10.244.1.0/24 ip daddr != 10.244.0.0/16 masquerade";
+    for command in [chain, masquerade] {
+        assert!(node1.exec("nft", &[command]).unwrap().status.success(), "{command}");
+    }
+    let manifests = lab.write("cluster.yaml", &format!("{}{}", tcp_service("web", "10.96.0.40", WEB_1_IP), node()));
+
+    // No rules yet: neither the service nor an address no service has answers.
+    let (service, unallocated) = ((40_001, "10.96.0.40:80"), (40_002, "10.96.0.99:80"));
+    for (sport, target) in [service, unallocated] {
+        assert!(connect_from(&lab, sport, target).is_err(), "{target} answered without a proxy");
+        let entry = tcp_flow(&lab, sport, target).unwrap_or_default();
+        assert!(entry.contains("UNREPLIED"), "no unanswered entry for {target}: {entry:?}");
+    }
+
+    let proxy = lab.run_proxy(&manifests, &[]);
+    assert!(lab.eventually(Duration::from_secs(5), || passes(&lab) >= 1), "{}", lab.proxy_log());
+    let (sport, target) = service;
+    assert!(tcp_flow(&lab, sport, target).is_none(), "{:?}\n{}", tcp_flow(&lab, sport, target), lab.proxy_log());
+    // The same tuple again is a new connection, DNATed to the service's pod.
+    assert_eq!(connect_from(&lab, sport, target).unwrap(), "web-1");
+    // An entry to an address that is no frontend is not nftproxy's: it stays.
+    assert!(tcp_flow(&lab, unallocated.0, unallocated.1).is_some(), "{}", lab.proxy_log());
+    assert_eq!(metric(&lab, "kubeproxy_conntrack_reconciler_deleted_entries_total{ip_family=\"IPv4\"}"), Some(1));
+    assert!(lab.proxy_log().contains("never DNATed"), "{}", lab.proxy_log());
+    drop(proxy);
+}
+
 // ---- Start-up sysctls ----
 
 const NETFILTER: &str = "/proc/sys/net/netfilter";

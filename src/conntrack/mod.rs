@@ -15,6 +15,13 @@
 //! check every flow), dumps the family's table over ctnetlink and deletes exact tuples: there
 //! is never a flush.
 //!
+//! TCP flows are left alone, as upstream leaves them, but for one case upstream does not
+//! handle: at start-up (and after a failed pass), TCP connections to a frontend that nothing
+//! answered and that were never DNATed — sent while this node had no rules, as pods do when
+//! a node boots — are deleted. Their entries live two minutes in SYN_SENT, and a client that
+//! reuses the tuple (the kernel hands source ports out in sequence per destination) matches
+//! the entry, whose NAT was decided once, and is never DNATed (docs/differences.md).
+//!
 //! The start-up sysctls kube-proxy writes live in [`sysctls`].
 
 pub(crate) mod sysctls;
@@ -26,7 +33,7 @@ use std::time::{Duration, Instant};
 use tracing::{debug, error, info, trace};
 
 use crate::model::{ClusterState, ServicePortName};
-use crate::net::{FamilyMap, IpFamily};
+use crate::net::{FamilyMap, IpFamily, L4Proto};
 use crate::netlink::NetlinkError;
 use crate::netlink::conntrack::{Conntrack, Flow};
 use crate::nodeaddr::NodePortTargets;
@@ -136,6 +143,32 @@ pub(crate) fn stale_flows<'a>(
         .collect()
 }
 
+/// The TCP frontends (address and port) of `state`'s service ports in `family`.
+fn tcp_frontends(state: &ClusterState, family: IpFamily) -> HashMap<SocketAddr, &ServicePortName> {
+    state
+        .services()
+        .flat_map(|s| &s.ports)
+        .filter(|p| p.name.protocol == L4Proto::Tcp)
+        .flat_map(|p| p.frontends(family).map(move |ip| (canonical(SocketAddr::new(ip, p.port)), &p.name)))
+        .collect()
+}
+
+/// Which of `flows` are TCP connections to one of `frontends` that nothing answered and that
+/// were never DNATed (their reply would come from the frontend itself): sent while this node
+/// had no rule for the frontend.
+pub(crate) fn never_dnated<'a>(
+    flows: &[Flow],
+    frontends: &HashMap<SocketAddr, &'a ServicePortName>,
+) -> Vec<StaleFlow<'a>> {
+    flows
+        .iter()
+        .filter(|f| {
+            f.protocol == L4Proto::Tcp.number() && !f.replied && canonical(f.reply.src) == canonical(f.original.dst)
+        })
+        .filter_map(|f| frontends.get(&canonical(f.original.dst)).map(|port| StaleFlow { flow: *f, port }))
+        .collect()
+}
+
 fn canonical(a: SocketAddr) -> SocketAddr {
     SocketAddr::new(a.ip().to_canonical(), a.port())
 }
@@ -208,6 +241,7 @@ impl Reconciler {
             let deleted = self.deleted.get_or_insert_with(family, Vec::new);
             let mut changed: Vec<ServicePortName> = Vec::new();
             let mut whole = self.checked.get(family).is_none();
+            let unanswered = if whole { tcp_frontends(state, family) } else { HashMap::new() };
             match update {
                 ConntrackUpdate::All(targets) => {
                     let current: BTreeMap<ServicePortName, ConntrackTarget> =
@@ -244,7 +278,7 @@ impl Reconciler {
             } else {
                 changed.iter().filter_map(|n| ports.get(n)).collect()
             };
-            if live.is_empty() && deleted.is_empty() {
+            if live.is_empty() && deleted.is_empty() && unanswered.is_empty() {
                 if whole {
                     self.checked.insert(family, ());
                 }
@@ -252,7 +286,8 @@ impl Reconciler {
             }
             let node_ips = node_ips.get_or_insert_with(|| node_port_addresses(nodeports));
             let deleted_now: Vec<&ConntrackTarget> = deleted.iter().collect();
-            match pass(table, family, &live, &deleted_now, node_ips) {
+            let sweep = Sweep { current: &live, deleted: &deleted_now, unanswered: &unanswered };
+            match pass(table, family, sweep, node_ips) {
                 Some((p, true)) => {
                     passes.push(p);
                     deleted.clear();
@@ -278,17 +313,28 @@ fn forget(deleted: &mut Vec<ConntrackTarget>, port: &ConntrackTarget) {
     deleted.push(port.clone());
 }
 
+/// What one pass looks for: flows of the `current` and `deleted` UDP and SCTP ports, and the
+/// never-answered, never-DNATed TCP flows to the `unanswered` frontends.
+struct Sweep<'s, 'a> {
+    current: &'s [&'a ConntrackTarget],
+    deleted: &'s [&'a ConntrackTarget],
+    unanswered: &'s HashMap<SocketAddr, &'a ServicePortName>,
+}
+
 /// One family's pass. `None` when the table could not be listed; otherwise the pass and
 /// whether every deletion was sent.
 fn pass(
     table: &mut dyn FlowTable,
     family: IpFamily,
-    current: &[&ConntrackTarget],
-    deleted: &[&ConntrackTarget],
+    sweep: Sweep<'_, '_>,
     node_ips: &HashSet<IpAddr>,
 ) -> Option<(Pass, bool)> {
+    let Sweep { current, deleted, unanswered } = sweep;
     let started = Instant::now();
     let mut protocols: Vec<u8> = current.iter().chain(deleted).map(|t| t.protocol.number()).collect();
+    if !unanswered.is_empty() {
+        protocols.push(L4Proto::Tcp.number());
+    }
     protocols.sort_unstable();
     protocols.dedup();
     debug!(%family, ports = current.len(), deleted_ports = deleted.len(), "reconciling conntrack entries");
@@ -299,7 +345,19 @@ fn pass(
             return None;
         }
     };
-    let stale = stale_flows(&flows, current, deleted, node_ips);
+    let mut stale = stale_flows(&flows, current, deleted, node_ips);
+    let never = never_dnated(&flows, unanswered);
+    if !never.is_empty() {
+        let ports: BTreeSet<String> = never.iter().map(|s| s.port.to_string()).collect();
+        let ports: Vec<String> = ports.into_iter().collect();
+        info!(
+            %family,
+            entries = never.len(),
+            services = ports.join(","),
+            "deleting the conntrack entries of TCP connections never DNATed (sent to a service before this node had its rules): a client reusing their tuple would match them and never reach an endpoint"
+        );
+    }
+    stale.extend(never);
     for s in &stale {
         trace!(
             service = %s.port,

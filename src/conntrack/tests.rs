@@ -17,6 +17,7 @@ fn flow(orig_dst: &str, reply_src: &str) -> Flow {
         protocol: 17,
         original: Tuple { src: "10.244.1.10:5000".parse().unwrap(), dst: orig_dst.parse().unwrap() },
         reply: Tuple { src: reply_src.parse().unwrap(), dst: "10.244.1.10:5000".parse().unwrap() },
+        replied: true,
     }
 }
 
@@ -225,4 +226,71 @@ fn after_a_partial_sync_only_the_changed_ports_flows_are_checked() {
     assert!(table.flows[&IpFamily::V4].is_empty());
     // A full sync with what the reconciler already follows: nothing to do.
     assert!(r.reconcile(&mut table, &all(&[moved]), &nodeports(), &state).is_empty());
+}
+
+/// A TCP flow from a pod to `orig_dst`, answered from `reply_src`, `replied` or not.
+fn tcp_flow(orig_dst: &str, reply_src: &str, replied: bool) -> Flow {
+    Flow { protocol: 6, replied, ..flow(orig_dst, reply_src) }
+}
+
+/// A state holding Service default/web: `http` 80/TCP on 10.96.0.40 and the external IP
+/// 203.0.113.40, and `dns` 53/UDP.
+fn tcp_state() -> ClusterState {
+    let yaml = r#"apiVersion: v1
+kind: Service
+metadata: {name: web, namespace: default}
+spec:
+  clusterIP: 10.96.0.40
+  externalIPs: [203.0.113.40]
+  ports:
+  - {name: http, port: 80, protocol: TCP}
+  - {name: dns, port: 53, protocol: UDP}
+"#;
+    let mut m = crate::source::manifests::Manifests::default();
+    crate::source::manifests::load_text(std::path::Path::new("t.yaml"), yaml, &mut m);
+    m.into_state("node1").0
+}
+
+#[test]
+fn only_tcp_flows_to_a_frontend_never_answered_and_never_dnated_go() {
+    let state = tcp_state();
+    let frontends = tcp_frontends(&state, IpFamily::V4);
+    let mut keys: Vec<String> = frontends.keys().map(|a| a.to_string()).collect();
+    keys.sort();
+    assert_eq!(keys, ["10.96.0.40:80", "203.0.113.40:80"], "TCP ports only, every frontend address");
+    let gone =
+        [tcp_flow("10.96.0.40:80", "10.96.0.40:80", false), tcp_flow("203.0.113.40:80", "203.0.113.40:80", false)];
+    let kept = [
+        // DNATed: its SYN reached the rules.
+        tcp_flow("10.96.0.40:80", "10.244.1.10:8080", false),
+        // Answered: something at that address talks back (an ipMode Proxy load balancer).
+        tcp_flow("10.96.0.40:80", "10.96.0.40:80", true),
+        // Not a frontend: another port, an address no service has, a UDP flow.
+        tcp_flow("10.96.0.40:443", "10.96.0.40:443", false),
+        tcp_flow("10.96.0.99:80", "10.96.0.99:80", false),
+        flow("10.96.0.40:80", "10.96.0.40:80"),
+    ];
+    let flows: Vec<Flow> = gone.iter().chain(&kept).copied().collect();
+    assert_eq!(flows_of(never_dnated(&flows, &frontends)), gone.to_vec());
+}
+
+#[test]
+fn never_dnated_tcp_flows_are_looked_for_at_start_up_only() {
+    let mut table = FakeTable::default();
+    let before_rules = tcp_flow("10.96.0.40:80", "10.96.0.40:80", false);
+    let dnated = tcp_flow("10.96.0.40:80", "10.244.1.10:8080", true);
+    let dnated = Flow { original: Tuple { src: "10.244.1.11:5000".parse().unwrap(), ..dnated.original }, ..dnated };
+    table.flows.insert(IpFamily::V4, vec![before_rules, dnated]);
+    let mut r = Reconciler::default();
+    let state = tcp_state();
+
+    // Start-up: no UDP port to check, but the TCP flows are listed and the one never DNATed goes.
+    let passes = r.reconcile(&mut table, &all(&[]), &nodeports(), &state);
+    assert_eq!(passes.iter().map(|p| (p.family, p.deleted)).collect::<Vec<_>>(), vec![(IpFamily::V4, 1)]);
+    assert_eq!(table.flows[&IpFamily::V4], vec![dnated]);
+
+    // Later syncs do not list TCP flows again: one sent now met the rules.
+    table.flows.get_mut(&IpFamily::V4).unwrap().push(before_rules);
+    assert!(r.reconcile(&mut table, &all(&[]), &nodeports(), &state).is_empty());
+    assert_eq!(table.lists, 1);
 }

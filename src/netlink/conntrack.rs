@@ -1,4 +1,4 @@
-//! Conntrack entries over ctnetlink: dump the UDP and SCTP flows of a family and delete
+//! Conntrack entries over ctnetlink: dump a family's flows of some protocols and delete
 //! exact tuples (nftproxy never flushes the table).
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
@@ -17,6 +17,9 @@ const NLA_F_NESTED: u16 = 0x8000;
 
 const CTA_TUPLE_ORIG: u16 = 1;
 const CTA_TUPLE_REPLY: u16 = 2;
+const CTA_STATUS: u16 = 3;
+/// `IPS_SEEN_REPLY`: a packet went the other way.
+const IPS_SEEN_REPLY: u32 = 1 << 1;
 const CTA_TUPLE_IP: u16 = 1;
 const CTA_TUPLE_PROTO: u16 = 2;
 const CTA_IP_V4_SRC: u16 = 1;
@@ -34,12 +37,14 @@ pub(crate) struct Tuple {
     pub dst: SocketAddr,
 }
 
-/// A conntrack entry: protocol, original and reply tuples.
+/// A conntrack entry: protocol, original and reply tuples, and whether anything answered.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub(crate) struct Flow {
     pub protocol: u8,
     pub original: Tuple,
     pub reply: Tuple,
+    /// `IPS_SEEN_REPLY`: not `[UNREPLIED]` in `conntrack -L`.
+    pub replied: bool,
 }
 
 fn family_code(family: IpFamily) -> u8 {
@@ -186,17 +191,18 @@ fn parse_flow(msg: &[u8]) -> Option<Flow> {
     if kind != (NFNL_SUBSYS_CTNETLINK << 8) | IPCTNL_MSG_CT_NEW {
         return None;
     }
-    let (mut original, mut reply) = (None, None);
+    let (mut original, mut reply, mut status) = (None, None, 0);
     for (k, v) in attrs(msg.get(20..)?) {
         match k {
             CTA_TUPLE_ORIG => original = parse_tuple(v),
             CTA_TUPLE_REPLY => reply = parse_tuple(v),
+            CTA_STATUS => status = <[u8; 4]>::try_from(v).map(u32::from_be_bytes).unwrap_or(0),
             _ => {}
         }
     }
     let (protocol, original) = original?;
     let (_, reply) = reply?;
-    Some(Flow { protocol, original, reply })
+    Some(Flow { protocol, original, reply, replied: status & IPS_SEEN_REPLY != 0 })
 }
 
 /// A ctnetlink connection.
@@ -265,11 +271,19 @@ mod tests {
             protocol: 17,
             original: Tuple { src: "10.0.0.5:5353".parse().unwrap(), dst: "10.96.0.10:53".parse().unwrap() },
             reply: Tuple { src: "10.244.1.10:53".parse().unwrap(), dst: "10.0.0.5:5353".parse().unwrap() },
+            replied: true,
         };
         let mut m = Message::new(IPCTNL_MSG_CT_NEW, 0, 1, IpFamily::V4);
         m.tuple(CTA_TUPLE_ORIG, flow.protocol, &flow.original);
         m.tuple(CTA_TUPLE_REPLY, flow.protocol, &flow.reply);
+        // IPS_CONFIRMED | IPS_SEEN_REPLY | IPS_DST_NAT
+        m.attr(CTA_STATUS, &(0x8u32 | 0x2 | 0x20).to_be_bytes());
         assert_eq!(parse_flow(&m.finish()), Some(flow));
+        let mut m = Message::new(IPCTNL_MSG_CT_NEW, 0, 1, IpFamily::V4);
+        m.tuple(CTA_TUPLE_ORIG, flow.protocol, &flow.original);
+        m.tuple(CTA_TUPLE_REPLY, flow.protocol, &flow.reply);
+        m.attr(CTA_STATUS, &0x8u32.to_be_bytes());
+        assert_eq!(parse_flow(&m.finish()), Some(Flow { replied: false, ..flow }));
         let v6 = Tuple { src: "[fd00::5]:1".parse().unwrap(), dst: "[fd00:96::10]:53".parse().unwrap() };
         let mut m = Message::new(IPCTNL_MSG_CT_NEW, 0, 1, IpFamily::V6);
         m.tuple(CTA_TUPLE_ORIG, 132, &v6);

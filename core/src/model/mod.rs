@@ -99,6 +99,13 @@ impl ServicePort {
         self.cluster_ips.iter().copied().find(|ip| IpFamily::of(ip) == family)
     }
 
+    /// The addresses the port is reached at in `family` (with [`ServicePort::port`]): its
+    /// ClusterIP, ExternalIPs and LoadBalancer IPs. NodePorts are not among them.
+    pub fn frontends(&self, family: IpFamily) -> impl Iterator<Item = IpAddr> + '_ {
+        let others = self.external_ips.iter().chain(&self.load_balancer_ips).copied();
+        self.cluster_ip(family).into_iter().chain(others.filter(move |ip| IpFamily::of(ip) == family))
+    }
+
     /// NodePort, ExternalIPs or LoadBalancer IPs: traffic can come from outside the cluster.
     pub fn externally_accessible(&self) -> bool {
         self.node_port.is_some() || !self.external_ips.is_empty() || !self.load_balancer_ips.is_empty()

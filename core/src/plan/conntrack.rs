@@ -19,10 +19,8 @@ pub(super) fn target(family: IpFamily, sp: &ServicePort, state: &ClusterState) -
     if sp.name.protocol == L4Proto::Tcp {
         return None;
     }
-    let cluster_ip = sp.cluster_ip(family)?;
-    let in_family = |ip: &&IpAddr| IpFamily::of(ip) == family;
-    let mut destinations = vec![(cluster_ip, sp.port)];
-    destinations.extend(sp.external_ips.iter().chain(&sp.load_balancer_ips).filter(in_family).map(|ip| (*ip, sp.port)));
+    sp.cluster_ip(family)?;
+    let destinations = sp.frontends(family).map(|ip| (ip, sp.port)).collect();
     Some(ConntrackTarget {
         name: sp.name.clone(),
         family,

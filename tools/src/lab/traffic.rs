@@ -33,6 +33,28 @@ pub fn tcp_ask(target: SocketAddr, timeout: Duration) -> io::Result<Answer> {
     parse(&text)
 }
 
+/// Opens a TCP connection to `target` from the fixed address `local` (the same tuple again
+/// and again, as a client reusing a source port does) and reads the answer.
+pub fn tcp_ask_from(target: SocketAddr, local: SocketAddr, timeout: Duration) -> io::Result<Answer> {
+    use nix::sys::socket::{
+        AddressFamily, SockFlag, SockType, SockaddrStorage, bind, connect, setsockopt, socket, sockopt,
+    };
+    let family = if target.is_ipv4() { AddressFamily::Inet } else { AddressFamily::Inet6 };
+    let fd = socket(family, SockType::Stream, SockFlag::empty(), None).map_err(io::Error::from)?;
+    // The previous connection from this port may be in TIME_WAIT.
+    setsockopt(&fd, sockopt::ReuseAddr, &true).map_err(io::Error::from)?;
+    // SO_SNDTIMEO bounds connect() too.
+    let tv = nix::sys::time::TimeVal::new(timeout.as_secs() as i64, timeout.subsec_micros() as i64);
+    setsockopt(&fd, sockopt::SendTimeout, &tv).map_err(io::Error::from)?;
+    setsockopt(&fd, sockopt::ReceiveTimeout, &tv).map_err(io::Error::from)?;
+    bind(std::os::fd::AsRawFd::as_raw_fd(&fd), &SockaddrStorage::from(local)).map_err(io::Error::from)?;
+    connect(std::os::fd::AsRawFd::as_raw_fd(&fd), &SockaddrStorage::from(target)).map_err(io::Error::from)?;
+    let mut conn = TcpStream::from(fd);
+    let mut text = String::new();
+    conn.read_to_string(&mut text)?;
+    parse(&text)
+}
+
 /// A UDP socket bound to `local` (or an ephemeral port) and connected to `target`.
 fn udp_socket(target: SocketAddr, local: Option<SocketAddr>, timeout: Duration) -> io::Result<UdpSocket> {
     let bind = local.unwrap_or_else(|| match target {

@@ -31,6 +31,13 @@ const WEB_NAME: &str = "web.default.svc.cluster.local";
 /// How long the clients keep asking after a change is complete.
 const SETTLE: Duration = Duration::from_secs(5);
 
+/// The node daemons a phase restarts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NodeDaemon {
+    Kubelet,
+    Containerd,
+}
+
 /// What one phase saw.
 #[derive(Debug, Clone, Default)]
 pub struct PhaseRecord {
@@ -369,6 +376,12 @@ impl NodeScenario {
                 said.len(),
                 said.iter().take(5).map(|l| format!("; `{}`", l.trim())).collect::<String>()
             ));
+            // Connections tried before the node had rules (a boot, the longer path).
+            for line in log.lines().filter(|l| l.contains("never DNATed")) {
+                let entries = line.split_whitespace().find_map(|w| w.strip_prefix("entries=")).unwrap_or("?");
+                notes
+                    .push(format!("{node}: {pod} deleted {entries} conntrack entries of TCP connections never DNATed"));
+            }
         }
         if problems.is_empty() {
             Ok(notes)
@@ -575,22 +588,23 @@ impl NodeScenario {
         }
     }
 
-    /// A kubelet restart (SIGTERM, then started again) with its pods running.
-    pub fn restart_kubelet(&mut self, node: &str) -> Result<Vec<String>, ClusterError> {
+    /// A restart of one of a node's daemons (SIGTERM, then started again) with its pods running.
+    pub fn restart(&mut self, node: &str, daemon: NodeDaemon) -> Result<Vec<String>, ClusterError> {
         let n = self.cluster.node_mut(node).ok_or_else(|| NodeError::Setup(format!("no node {node}")))?;
-        n.stop_kubelet();
-        n.start_kubelet()?;
+        let what = match daemon {
+            NodeDaemon::Kubelet => {
+                n.stop_kubelet();
+                n.start_kubelet()?;
+                "kubelet"
+            }
+            NodeDaemon::Containerd => {
+                n.stop_containerd();
+                n.start_containerd()?;
+                "containerd (its shims kept the pods)"
+            }
+        };
         self.cluster.wait_until_ready(Duration::from_secs(60))?;
-        Ok(vec![format!("kubelet on {node}: SIGTERM, started again, Node Ready")])
-    }
-
-    /// A containerd restart (SIGTERM, then started again) with its pods running.
-    pub fn restart_containerd(&mut self, node: &str) -> Result<Vec<String>, ClusterError> {
-        let n = self.cluster.node_mut(node).ok_or_else(|| NodeError::Setup(format!("no node {node}")))?;
-        n.stop_containerd();
-        n.start_containerd()?;
-        self.cluster.wait_until_ready(Duration::from_secs(60))?;
-        Ok(vec![format!("containerd on {node}: SIGTERM, started again; its shims kept the pods")])
+        Ok(vec![format!("{what} on {node}: SIGTERM, started again, Node Ready")])
     }
 
     /// A node rebooted ([`super::machine::Node::reboot`]), then every Service served again.
@@ -649,8 +663,8 @@ fn run_phases(s: &mut NodeScenario) -> Result<(), ClusterError> {
     s.probed("the longer path: kubectl apply -k deploy/ on nodes without rules", false, NodeScenario::longer_path)?;
     let notes = s.verify_nftproxy_serves("kube-system", "app.kubernetes.io/name=nftproxy")?;
     s.note(notes);
-    s.probed("kubelet restarted on node1", true, |s| s.restart_kubelet("node1"))?;
-    s.probed("containerd restarted on node1", true, |s| s.restart_containerd("node1"))?;
+    s.probed("kubelet restarted on node1", true, |s| s.restart("node1", NodeDaemon::Kubelet))?;
+    s.probed("containerd restarted on node1", true, |s| s.restart("node1", NodeDaemon::Containerd))?;
     s.probed("rolling update of nftproxy's DaemonSet to another build", true, |s| s.roll_out(NFTPROXY_ROLLOUT_IMAGE))?;
     let notes = s.verify_nftproxy_serves("kube-system", "app.kubernetes.io/name=nftproxy")?;
     s.note(notes);
