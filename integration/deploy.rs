@@ -110,8 +110,15 @@ fn the_daemonset_replaces_kube_proxy_with_least_privilege() {
     let init_args = init.args.clone().unwrap();
     assert_eq!(init_args[0], "conntrack-sysctls");
     assert!(init_args.contains(&"--config=/etc/nftproxy/config.yaml".to_string()));
-    assert_eq!(mounts(init), mounts(c));
-    let volume = &pod.volumes.unwrap()[0];
+    // The long-running container also holds iptables' lock while it removes kube-proxy's
+    // iptables-legacy leftovers: the node's own file.
+    let mut with_lock = mounts(init);
+    with_lock.push(("xtables-lock".into(), "/run/xtables.lock".into()));
+    assert_eq!(mounts(c), with_lock);
+    let volumes = pod.volumes.unwrap();
+    let lock = volumes.iter().find(|v| v.name == "xtables-lock").and_then(|v| v.host_path.clone()).unwrap();
+    assert_eq!((lock.path.as_str(), lock.type_.as_deref()), ("/run/xtables.lock", Some("FileOrCreate")));
+    let volume = &volumes[0];
     let cm: ConfigMap = typed(&docs("configmap.yaml")[0]);
     assert_eq!(volume.config_map.as_ref().map(|c| c.name.clone()), cm.metadata.name.clone());
     // The binary takes the init container's arguments.

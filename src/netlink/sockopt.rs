@@ -18,12 +18,42 @@ pub(crate) fn get(fd: &OwnedFd, level: i32, name: i32, buf: &mut [u8]) -> io::Re
     Ok(len as usize)
 }
 
+/// `setsockopt(fd, level, name, request)` for an option whose request carries, at byte
+/// `pointer_at`, a pointer the kernel writes `out_len` bytes through (x_tables'
+/// `SO_SET_REPLACE`: the old entries' counters). The pointer is set here, to a buffer that
+/// outlives the call; what the kernel wrote there is returned.
+pub(crate) fn set_with_output(
+    fd: &OwnedFd,
+    level: i32,
+    name: i32,
+    request: &mut [u8],
+    pointer_at: usize,
+    out_len: usize,
+) -> io::Result<Vec<u8>> {
+    let mut out = vec![0u8; out_len];
+    let pointer = (out.as_mut_ptr() as usize as u64).to_ne_bytes();
+    request
+        .get_mut(pointer_at..pointer_at + pointer.len())
+        .ok_or_else(|| io::Error::from(io::ErrorKind::InvalidInput))?
+        .copy_from_slice(&pointer);
+    // SAFETY: the one pointer the request carries is `out`'s, set just above: writable for
+    // `out_len` bytes, the size the caller's request declares, and alive past the call.
+    unsafe { set(fd, level, name, request) }?;
+    Ok(out)
+}
+
 /// `setsockopt(fd, level, name, buf)`.
-pub(crate) fn set(fd: &OwnedFd, level: i32, name: i32, buf: &[u8]) -> io::Result<()> {
+///
+/// # Safety
+///
+/// Some options carry user-space pointers inside `buf` that the kernel writes through
+/// (x_tables' `SO_SET_REPLACE`: the old entries' counters). Every such pointer must point to
+/// writable memory of the size the request declares, alive until this returns.
+unsafe fn set(fd: &OwnedFd, level: i32, name: i32, buf: &[u8]) -> io::Result<()> {
     let len = libc::socklen_t::try_from(buf.len()).map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
     // SAFETY: `buf` is a valid, readable buffer of `len` bytes for the whole call (the kernel
-    // copies it, and writes old counters only through the user pointer the request carries,
-    // which points into a buffer the caller keeps alive), and `fd` is an open socket we own.
+    // copies it); the pointers it carries are the caller's to keep valid (this function's
+    // contract); `fd` is an open socket we own.
     let rc = unsafe { libc::setsockopt(fd.as_raw_fd(), level, name, buf.as_ptr().cast(), len) };
     if rc < 0 {
         return Err(io::Error::last_os_error());

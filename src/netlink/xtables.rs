@@ -388,8 +388,6 @@ impl LegacyTable {
     fn replace(&self, fd: &OwnedFd, replacement: &Replacement) -> io::Result<()> {
         let layout = Layout::of(self.family);
         let old_entries = u32::try_from(self.entries.len()).unwrap_or(u32::MAX);
-        // The kernel writes the old entries' counters here; it must outlive the call.
-        let mut counters = vec![0u8; self.entries.len() * COUNTERS_LEN];
         let mut request = vec![0u8; REPLACE_HEADER + replacement.blob.len()];
         let name = self.name.as_bytes();
         request[..name.len().min(TABLE_NAME_LEN - 1)].copy_from_slice(&name[..name.len().min(TABLE_NAME_LEN - 1)]);
@@ -402,12 +400,10 @@ impl LegacyTable {
             request[64 + 4 * h..68 + 4 * h].copy_from_slice(&replacement.underflow[h].to_ne_bytes());
         }
         request[84..88].copy_from_slice(&old_entries.to_ne_bytes());
-        let pointer = counters.as_mut_ptr() as usize as u64;
-        request[88..96].copy_from_slice(&pointer.to_ne_bytes());
         request[REPLACE_HEADER..].copy_from_slice(&replacement.blob);
-        let result = sockopt::set(fd, layout.level, SO_SET_REPLACE, &request);
-        drop(counters);
-        result
+        // The kernel writes the old entries' counters through the pointer at byte 88.
+        let counters = self.entries.len() * COUNTERS_LEN;
+        sockopt::set_with_output(fd, layout.level, SO_SET_REPLACE, &mut request, 88, counters).map(|_| ())
     }
 }
 
@@ -435,10 +431,17 @@ pub(crate) fn remove(
     decide: impl Fn(&LegacyTable) -> Removal,
 ) -> Result<Removal, XtablesError> {
     let fd = xtables_socket(family)?;
-    let _lock = XtablesLock::acquire();
+    let _lock = XtablesLock::acquire(family)?;
     let mut attempt = 0;
     loop {
-        let table = LegacyTable::read_on(&fd, family, name)?;
+        // The table can change between its size and its entries being read: read again.
+        let table = match LegacyTable::read_on(&fd, family, name) {
+            Err(XtablesError::Io { source, .. }) if source.raw_os_error() == Some(libc::EAGAIN) && attempt < 3 => {
+                attempt += 1;
+                continue;
+            }
+            read => read?,
+        };
         let removal = decide(&table);
         if removal.chains.is_empty() && removal.rules.is_empty() {
             return Ok(removal);
@@ -465,28 +468,37 @@ fn family_name(family: IpFamily) -> &'static str {
 }
 
 /// iptables' own lock (`/run/xtables.lock`, held by every iptables-legacy writer), taken for
-/// the write where the file exists (a kube-proxy DaemonSet mounts it; nftproxy's does not).
+/// the write where the file exists (nftproxy's DaemonSet and kube-proxy's mount the node's).
+/// The kernel refuses a stale replace only when the entry count changed, so a write without
+/// the lock could undo another writer's change of the same size.
 struct XtablesLock {
     _file: Option<nix::fcntl::Flock<std::fs::File>>,
 }
 
 impl XtablesLock {
-    fn acquire() -> XtablesLock {
+    /// The lock, or nothing where there is no lock file; an error when another writer holds
+    /// it for more than 5 s (the leftovers are then left for a later sync).
+    fn acquire(family: IpFamily) -> Result<XtablesLock, XtablesError> {
         let Ok(file) = std::fs::OpenOptions::new().read(true).write(true).open("/run/xtables.lock") else {
-            return XtablesLock { _file: None };
+            return Ok(XtablesLock { _file: None });
         };
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
         let mut file = file;
         loop {
             match nix::fcntl::Flock::lock(file, nix::fcntl::FlockArg::LockExclusiveNonblock) {
-                Ok(lock) => return XtablesLock { _file: Some(lock) },
+                Ok(lock) => return Ok(XtablesLock { _file: Some(lock) }),
                 Err((f, _)) if std::time::Instant::now() < deadline => {
                     file = f;
                     std::thread::sleep(std::time::Duration::from_millis(50));
                 }
-                Err(_) => {
-                    tracing::warn!("/run/xtables.lock is held for more than 5 s; writing iptables-legacy without it");
-                    return XtablesLock { _file: None };
+                Err((_, errno)) => {
+                    return Err(XtablesError::Io {
+                        what: format!(
+                            "{}: /run/xtables.lock held by another writer for more than 5 s",
+                            family_name(family)
+                        ),
+                        source: io::Error::from(errno),
+                    });
                 }
             }
         }
