@@ -42,8 +42,8 @@ use crate::sync::ConntrackUpdate;
 
 /// The kernel's conntrack table as the reconciler uses it.
 pub(crate) trait FlowTable {
-    /// Every flow of `family` whose protocol number is in `protocols`.
-    fn flows(&mut self, family: IpFamily, protocols: &[u8]) -> Result<Vec<Flow>, NetlinkError>;
+    /// The flows of `family` that `keep` keeps.
+    fn flows(&mut self, family: IpFamily, keep: &dyn Fn(&Flow) -> bool) -> Result<Vec<Flow>, NetlinkError>;
     /// Deletes these flows by their exact original tuple; returns how many the kernel removed.
     fn delete(&mut self, family: IpFamily, flows: &[Flow]) -> Result<usize, NetlinkError>;
 }
@@ -65,8 +65,8 @@ impl KernelFlows {
 }
 
 impl FlowTable for KernelFlows {
-    fn flows(&mut self, family: IpFamily, protocols: &[u8]) -> Result<Vec<Flow>, NetlinkError> {
-        self.socket()?.flows(family, protocols)
+    fn flows(&mut self, family: IpFamily, keep: &dyn Fn(&Flow) -> bool) -> Result<Vec<Flow>, NetlinkError> {
+        self.socket()?.flows(family, keep)
     }
 
     fn delete(&mut self, family: IpFamily, flows: &[Flow]) -> Result<usize, NetlinkError> {
@@ -162,11 +162,14 @@ pub(crate) fn never_dnated<'a>(
 ) -> Vec<StaleFlow<'a>> {
     flows
         .iter()
-        .filter(|f| {
-            f.protocol == L4Proto::Tcp.number() && !f.replied && canonical(f.reply.src) == canonical(f.original.dst)
-        })
+        .filter(|f| unanswered_tcp_without_nat(f))
         .filter_map(|f| frontends.get(&canonical(f.original.dst)).map(|port| StaleFlow { flow: *f, port }))
         .collect()
+}
+
+/// A TCP flow nothing answered whose reply would come from its original destination (no DNAT).
+fn unanswered_tcp_without_nat(f: &Flow) -> bool {
+    f.protocol == L4Proto::Tcp.number() && !f.replied && canonical(f.reply.src) == canonical(f.original.dst)
 }
 
 fn canonical(a: SocketAddr) -> SocketAddr {
@@ -331,14 +334,11 @@ fn pass(
 ) -> Option<(Pass, bool)> {
     let Sweep { current, deleted, unanswered } = sweep;
     let started = Instant::now();
-    let mut protocols: Vec<u8> = current.iter().chain(deleted).map(|t| t.protocol.number()).collect();
-    if !unanswered.is_empty() {
-        protocols.push(L4Proto::Tcp.number());
-    }
-    protocols.sort_unstable();
-    protocols.dedup();
+    let protocols: BTreeSet<u8> = current.iter().chain(deleted).map(|t| t.protocol.number()).collect();
+    // UDP and SCTP flows of the ports are all compared; of TCP only the candidates are kept.
+    let keep = |f: &Flow| protocols.contains(&f.protocol) || (!unanswered.is_empty() && unanswered_tcp_without_nat(f));
     debug!(%family, ports = current.len(), deleted_ports = deleted.len(), "reconciling conntrack entries");
-    let flows = match table.flows(family, &protocols) {
+    let flows = match table.flows(family, &keep) {
         Ok(f) => f,
         Err(e) => {
             error!(%family, error = %e, "cannot list conntrack entries; trying again after the next sync");

@@ -102,12 +102,12 @@ struct FakeTable {
 }
 
 impl FlowTable for FakeTable {
-    fn flows(&mut self, family: IpFamily, protocols: &[u8]) -> Result<Vec<Flow>, NetlinkError> {
+    fn flows(&mut self, family: IpFamily, keep: &dyn Fn(&Flow) -> bool) -> Result<Vec<Flow>, NetlinkError> {
         self.lists += 1;
         if self.fail_list {
             return Err(NetlinkError::Dump(std::io::Error::from_raw_os_error(libc::ENOBUFS)));
         }
-        Ok(self.flows.get(&family).into_iter().flatten().filter(|f| protocols.contains(&f.protocol)).copied().collect())
+        Ok(self.flows.get(&family).into_iter().flatten().filter(|f| keep(f)).copied().collect())
     }
 
     fn delete(&mut self, family: IpFamily, flows: &[Flow]) -> Result<usize, NetlinkError> {

@@ -191,12 +191,13 @@ fn parse_flow(msg: &[u8]) -> Option<Flow> {
     if kind != (NFNL_SUBSYS_CTNETLINK << 8) | IPCTNL_MSG_CT_NEW {
         return None;
     }
-    let (mut original, mut reply, mut status) = (None, None, 0);
+    // Without a status the entry counts as answered: never deleted for lack of an answer.
+    let (mut original, mut reply, mut status) = (None, None, IPS_SEEN_REPLY);
     for (k, v) in attrs(msg.get(20..)?) {
         match k {
             CTA_TUPLE_ORIG => original = parse_tuple(v),
             CTA_TUPLE_REPLY => reply = parse_tuple(v),
-            CTA_STATUS => status = <[u8; 4]>::try_from(v).map(u32::from_be_bytes).unwrap_or(0),
+            CTA_STATUS => status = <[u8; 4]>::try_from(v).map(u32::from_be_bytes).unwrap_or(IPS_SEEN_REPLY),
             _ => {}
         }
     }
@@ -218,14 +219,15 @@ impl Conntrack {
         Ok(Conntrack { socket })
     }
 
-    /// Every flow of `family` whose protocol is in `protocols`.
-    pub(crate) fn flows(&mut self, family: IpFamily, protocols: &[u8]) -> Result<Vec<Flow>, NetlinkError> {
+    /// The flows of `family` that `keep` keeps (a busy node holds hundreds of thousands: only
+    /// those are held in memory).
+    pub(crate) fn flows(&mut self, family: IpFamily, keep: &dyn Fn(&Flow) -> bool) -> Result<Vec<Flow>, NetlinkError> {
         let seq = self.socket.next_seq();
         let req = Message::new(IPCTNL_MSG_CT_GET, NLM_F_REQUEST | NLM_F_DUMP, seq, family).finish();
         let mut out = Vec::new();
         self.socket.exchange(&req, seq, |msg| {
             if let Some(f) = parse_flow(msg)
-                && protocols.contains(&f.protocol)
+                && keep(&f)
             {
                 out.push(f);
             }
