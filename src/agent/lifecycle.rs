@@ -55,7 +55,7 @@ pub(crate) fn kernel_release() -> String {
 /// it needs CAP_SYS_RESOURCE, which nftproxy's own DaemonSet does not give (`NET_ADMIN` only):
 /// there the container keeps what its runtime set, -997 for a `system-node-critical` pod, as
 /// good as -999 against the OOM killer, and that is said once, as information. Only a process
-/// left without protection (a score above zero kept) is warned about. Upstream logs the failure
+/// left without protection (a score of zero or more kept) is warned about. Upstream logs the failure
 /// at verbosity 2 whatever the score is.
 pub(crate) fn set_oom_score_adj(value: i32) {
     let path = "/proc/self/oom_score_adj";

@@ -495,7 +495,6 @@ const KUBE_PROXY_CHAINS: &[&str] = &[
 ];
 /// Prefixes of kube-proxy's per-service and per-endpoint chains.
 const KUBE_PROXY_PREFIXES: &[&str] = &["KUBE-SVC-", "KUBE-SVL-", "KUBE-SEP-", "KUBE-EXT-", "KUBE-FW-", "KUBE-XLB-"];
-/// Chains kubelet itself creates; they do not handle services.
 /// Prefixes of kube-router's NetworkPolicy chains (`pkg/controllers/netpol`): not kube-proxy's.
 const KUBE_ROUTER_PREFIXES: &[&str] = &["KUBE-ROUTER-", "KUBE-NWPLCY-", "KUBE-POD-FW-"];
 
@@ -508,6 +507,7 @@ const CALICO_NFTABLES_TABLE: &str = "calico";
 /// The tables iptables-nft writes.
 const IPTABLES_TABLE_NAMES: &[&str] = &["filter", "nat", "mangle", "raw", "security"];
 
+/// Chains kubelet itself creates; they do not handle services.
 const KUBELET_CHAINS: &[&str] = &[
     "KUBE-FIREWALL",
     "KUBE-KUBELET-CANARY",
@@ -660,7 +660,10 @@ fn recognise(table: &TableInfo, our_name: &str, findings: &mut Vec<Finding>) {
             Severity::Info,
             FindingKind::KubeRouterFirewall,
             format!("{label} holds kube-router's NetworkPolicy chains: {}.", name_list(&router)),
-            "kube-router's firewall (also embedded in k3s and RKE2) enforces NetworkPolicies on pod traffic              after nftproxy's DNAT, as it does behind kube-proxy; it does not NAT service traffic. Its service              proxy (--run-service-proxy, IPVS) is another matter: it must be off where nftproxy runs."
+            "kube-router's firewall (also embedded in k3s and RKE2) enforces NetworkPolicies on pod \
+             traffic after nftproxy's DNAT, as it does behind kube-proxy; it does not NAT service \
+             traffic. Its service proxy (--run-service-proxy, IPVS) is another matter: it must be off \
+             where nftproxy runs."
                 .into(),
             "Nothing.".into(),
         ));
@@ -673,9 +676,16 @@ fn recognise(table: &TableInfo, our_name: &str, findings: &mut Vec<Finding>) {
             Severity::Warning,
             FindingKind::CalicoIptables,
             format!("{label} holds Calico's iptables-dataplane chains: {}.", name_list(&calico)),
-            "Calico's Felix runs its iptables dataplane beside nftproxy, which is kube-proxy's nftables mode;              Calico requires its dataplane to match kube-proxy's mode. With NFTablesMode Auto (what the Tigera              operator sets for linuxDataplane: Nftables), Felix decides by looking for kube-proxy's table (ip or              ip6 kube-proxy), which nftproxy replaces, so it picks iptables."
+            "Calico's Felix runs its iptables dataplane beside nftproxy, which is kube-proxy's \
+             nftables mode; Calico requires its dataplane to match kube-proxy's mode. With \
+             NFTablesMode Auto (what the Tigera operator sets for linuxDataplane: Nftables), Felix \
+             decides by looking for kube-proxy's table (ip or ip6 kube-proxy), which nftproxy \
+             replaces, so it picks iptables."
                 .into(),
-            "Make Felix use nftables on this node: a FelixConfiguration named node.<node> with `nftablesMode:              Enabled` (it wins over the operator-managed `default`), or FELIX_NFTABLESMODE=Enabled on calico-node;              without the operator, `nftablesMode: Enabled` in the `default` FelixConfiguration. See              docs/compatibility.md#calico."
+            "Make Felix use nftables on this node: a FelixConfiguration named node.<node> with \
+             `nftablesMode: Enabled` (it wins over the operator-managed `default`), or \
+             FELIX_NFTABLESMODE=Enabled on calico-node; without the operator, `nftablesMode: Enabled` \
+             in the `default` FelixConfiguration. See docs/compatibility.md#calico."
                 .into(),
         ));
     }
@@ -684,7 +694,8 @@ fn recognise(table: &TableInfo, our_name: &str, findings: &mut Vec<Finding>) {
             Severity::Info,
             FindingKind::CalicoNftables,
             format!("Calico's nftables-dataplane table {label} is here."),
-            "Felix enforces policy in nftables mode, matching nftproxy's (kube-proxy's nftables mode), as Calico              requires; it does not NAT service traffic."
+            "Felix enforces policy in nftables mode, matching nftproxy's (kube-proxy's nftables \
+             mode), as Calico requires; it does not NAT service traffic."
                 .into(),
             "Nothing.".into(),
         ));

@@ -236,11 +236,9 @@ fn remove_where(pick: impl Fn(u32) -> bool) {
         let Ok(entries) = std::fs::read_dir(Path::new(CGROUP_FS).join(&h.dir)) else { continue };
         for entry in entries.flatten() {
             let name = entry.file_name().to_string_lossy().into_owned();
-            let mut parts = name.split('-');
-            if parts.next() != Some("nftp") {
-                continue;
-            }
-            if let Some(pid) = parts.nth(1).and_then(|p| p.parse::<u32>().ok())
+            // nftp-<node>-<pid>: a node's name may hold dashes itself.
+            let Some(rest) = name.strip_prefix("nftp-") else { continue };
+            if let Some(pid) = rest.rsplit_once('-').and_then(|(_, p)| p.parse::<u32>().ok())
                 && pick(pid)
             {
                 chosen.insert(name);

@@ -42,14 +42,14 @@ pub struct NodeSpec {
 pub struct Node {
     pub spec: NodeSpec,
     bins: UpstreamBins,
-    /// The node's disk: configuration, images, kubelet's state, the overlays' upper layers.
-    dir: tempfile::TempDir,
-    // Field order is drop order: the daemons, the namespace's holder, then the cgroups (which
-    // kill whatever is left: shims and containers).
+    // Field order is drop order: the daemons, the namespace's holder, the cgroups (which kill
+    // whatever is left: shims and containers), and only then the disk they wrote to.
     kubelet: Option<ProcessGroup>,
     containerd: Option<ProcessGroup>,
     anchor: Option<Anchor>,
     cgroups: CgroupRoot,
+    /// The node's disk: configuration, images, kubelet's state, the overlays' upper layers.
+    dir: tempfile::TempDir,
 }
 
 impl Node {
