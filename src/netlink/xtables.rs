@@ -477,7 +477,8 @@ struct XtablesLock {
 
 impl XtablesLock {
     /// The lock, or nothing where there is no lock file; an error when another writer holds
-    /// it for more than 5 s (the leftovers are then left for a later sync).
+    /// it for more than 5 s (the leftovers then stay, logged, and `nftproxy check` reports
+    /// them with the commands that remove them).
     fn acquire(family: IpFamily) -> Result<XtablesLock, XtablesError> {
         let Ok(file) = std::fs::OpenOptions::new().read(true).write(true).open("/run/xtables.lock") else {
             return Ok(XtablesLock { _file: None });
