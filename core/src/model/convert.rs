@@ -115,11 +115,6 @@ pub fn subdomain_error(s: &str) -> Option<String> {
     })
 }
 
-/// An IANA service name (port names): at most 15 lower-case letters, digits and dashes.
-pub fn valid_port_name(s: &str) -> bool {
-    s.len() <= 15 && s.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
-}
-
 fn parse_ip(s: &str) -> Option<IpAddr> {
     s.trim().parse().ok()
 }
@@ -324,8 +319,12 @@ pub fn service(svc: &api::Service) -> Converted<ServiceInfo> {
     for (i, p) in spec.ports.iter().flatten().enumerate() {
         let field = format!("spec.ports[{i}]");
         let port_name = p.name.clone().unwrap_or_default();
-        if !valid_port_name(&port_name) {
-            c.field(format!("{field}.name"), format!("invalid port name {port_name:?}"));
+        // A Service's port names are DNS-1123 labels, as the API server validates them (up to
+        // 63 bytes); the 15-byte IANA service name is the rule for a container's port names.
+        if !port_name.is_empty()
+            && let Some(e) = label_error(&port_name)
+        {
+            c.field(format!("{field}.name"), format!("invalid port name {port_name:?}: {e}"));
             continue;
         }
         if let Some(first) = names.get(&port_name) {
@@ -664,12 +663,17 @@ spec:
   - {name: weird, port: 81, protocol: ICMP}
   - {name: http, port: 82}
   - {name: dns, port: 53, protocol: UDP}
+  - {name: Bad_Name, port: 83}
+  - {name: -dash, port: 84}
+  - {name: mutable-named-port, port: 8001, targetPort: mutable-port}
 "#);
         let c = service(&s);
         let info = c.value.unwrap();
         let names: Vec<String> = info.ports.iter().map(|p| format!("{}/{}", p.name, p.port)).collect();
-        assert_eq!(names, vec!["ns/web:http/80", "ns/web:dns/53"]);
-        assert_eq!(c.problems.len(), 4, "{:#?}", c.problems);
+        // A Service's port names are DNS labels (up to 63 bytes), not the container's 15-byte
+        // IANA names: upstream's e2e names one `mutable-named-port`.
+        assert_eq!(names, vec!["ns/web:http/80", "ns/web:dns/53", "ns/web:mutable-named-port/8001"]);
+        assert_eq!(c.problems.len(), 6, "{:#?}", c.problems);
         assert!(c.problems.iter().all(|p| !p.object_skipped));
     }
 
