@@ -61,6 +61,14 @@ impl Socket {
         #[allow(unsafe_code)]
         // SAFETY: the mnl socket is valid for as long as `inner` lives, which owns the fd.
         let fd = unsafe { mnl_sys::mnl_socket_get_fd(inner.as_raw_socket()) };
+        // libmnl opens without SOCK_CLOEXEC: a child would keep the socket, and with it the
+        // ownership of an owned table, after this process ends (and `check` would name the
+        // child as the owner).
+        #[allow(unsafe_code)]
+        // SAFETY: `fd` is the open socket `inner` owns; F_SETFD only sets its descriptor flags.
+        if unsafe { libc::fcntl(fd, libc::F_SETFD, libc::FD_CLOEXEC) } < 0 {
+            return Err(NetlinkError::Socket(io::Error::last_os_error()));
+        }
         let sock = Socket { inner, fd, seq: 0, buf: vec![0u32; 64 * 1024] };
         sock.set_int(SOL_NETLINK, NETLINK_EXT_ACK, 1).map_err(NetlinkError::Socket)?;
         sock.set_int(SOL_NETLINK, NETLINK_CAP_ACK, 1).map_err(NetlinkError::Socket)?;
