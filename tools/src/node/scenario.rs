@@ -279,18 +279,24 @@ impl NodeScenario {
 
     /// Pods matching a label selector: (UID, node).
     pub fn pods(&self, namespace: &str, selector: &str) -> Result<Vec<(String, String)>, ClusterError> {
-        let text = self.kubectl(&[
-            "-n",
-            namespace,
-            "get",
-            "pods",
-            "-l",
-            selector,
-            "--field-selector=status.phase=Running",
-            "-o",
-            r#"jsonpath={range .items[*]}{.metadata.uid} {.spec.nodeName}{"\n"}{end}"#,
-        ])?;
-        Ok(text.lines().filter_map(|l| l.split_once(' ').map(|(u, n)| (u.to_string(), n.to_string()))).collect())
+        self.pods_by(namespace, selector, "uid", &["--field-selector=status.phase=Running"])
+    }
+
+    /// `(.metadata.<field>, .spec.nodeName)` of the pods matching a selector, with `filters`.
+    fn pods_by(
+        &self,
+        namespace: &str,
+        selector: &str,
+        field: &str,
+        filters: &[&str],
+    ) -> Result<Vec<(String, String)>, ClusterError> {
+        let jsonpath =
+            format!(r#"jsonpath={{range .items[*]}}{{.metadata.{field}}} {{.spec.nodeName}}{{"\n"}}{{end}}"#);
+        let mut args = vec!["-n", namespace, "get", "pods", "-l", selector];
+        args.extend_from_slice(filters);
+        args.extend(["-o", jsonpath.as_str()]);
+        let text = self.kubectl(&args)?;
+        Ok(text.lines().filter_map(|l| l.split_once(' ').map(|(a, n)| (a.to_string(), n.to_string()))).collect())
     }
 
     /// `kubectl set image` on kubeadm's DaemonSet, then its rollout.
@@ -415,17 +421,7 @@ impl NodeScenario {
 
     /// Pods matching a selector: (name, node).
     pub fn pod_names(&self, namespace: &str, selector: &str) -> Result<Vec<(String, String)>, ClusterError> {
-        let text = self.kubectl(&[
-            "-n",
-            namespace,
-            "get",
-            "pods",
-            "-l",
-            selector,
-            "-o",
-            r#"jsonpath={range .items[*]}{.metadata.name} {.spec.nodeName}{"\n"}{end}"#,
-        ])?;
-        Ok(text.lines().filter_map(|l| l.split_once(' ').map(|(p, n)| (p.to_string(), n.to_string()))).collect())
+        self.pods_by(namespace, selector, "name", &[])
     }
 
     /// An HTTP GET from the wan client.
